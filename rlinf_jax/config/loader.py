@@ -1,0 +1,420 @@
+"""Recipes -> typed ``Config``: YAML layers, dotted overrides, type and sanity checks.
+
+A recipe is ``configs/NAME.yaml``. It may name a parent with a top-level ``base: OTHER``
+and then only lists what differs. Overrides are Hydra-style ``a.b.c=value`` strings whose
+values are parsed as YAML (``10`` is an int, ``[64,64]`` a list, ``1e-3`` a float).
+
+We check keys ourselves before OmegaConf sees them, because its errors are multi-line
+and cannot suggest the key the user meant; types are left to OmegaConf's structured
+merge (it knows the dataclass annotations) and its errors are rewritten onto one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import typing
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+
+RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
+BASE_KEY = "base"
+# Kept in step with rlinf_jax.policies.mlp.ACTIVATIONS; duplicated so loading a config
+# does not import jax.
+KNOWN_ACTIVATIONS = ("relu", "tanh", "swish", "silu", "gelu", "elu")
+LR_SCHEDULES = ("constant", "linear")
+RESUME_WORDS = ("none", "auto")
+
+
+def _one_line(msg: str) -> str:
+    # Values echoed back to the user may contain newlines; the CLI promises one line.
+    return " ".join(str(msg).split())
+
+
+def _bad(msg: str) -> BadInput:
+    return BadInput(_one_line(msg))
+
+
+# --------------------------------------------------------------------------- schema walk
+
+
+def _schema_leaves(cls=Config, prefix: str = "") -> dict[str, Any]:
+    """Dotted path of every leaf field -> its annotated type (sections excluded)."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(_schema_leaves(tp, path + "."))
+        else:
+            out[path] = tp
+    return out
+
+
+def _schema_sections(cls=Config, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.add(prefix + f.name)
+            out |= _schema_sections(tp, prefix + f.name + ".")
+    return out
+
+
+LEAVES = _schema_leaves()
+SECTIONS = _schema_sections()
+
+
+def _type_phrase(tp) -> str:
+    if tp is bool:
+        return "a bool (true/false)"
+    if tp is int:
+        return "an int"
+    if tp is float:
+        return "a float"
+    if tp is str:
+        return "a string"
+    if typing.get_origin(tp) is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        return f"a list of {_type_phrase(inner).split(' ', 1)[1]}s, e.g. [64,64]"
+    return f"a {getattr(tp, '__name__', tp)}"
+
+
+def _show(value) -> str:
+    if value is None:
+        return "null (an empty value)"
+    if isinstance(value, str):
+        return repr(value)
+    return _one_line(yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("..."))
+
+
+# --------------------------------------------------------------------------- key checks
+
+
+def _suggest(path: str) -> str:
+    section, _, name = path.rpartition(".")
+    # A known key name in the wrong section (runner.lr) is the likeliest slip of all.
+    elsewhere = [k for k in LEAVES if k.rpartition(".")[2] == name]
+    if elsewhere:
+        return f"did you mean {elsewhere[0]}?"
+    if section in SECTIONS:
+        siblings = [k.rpartition(".")[2] for k in LEAVES if k.rpartition(".")[0] == section]
+        close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {section}.{close[0]}?"
+        return f"valid keys under {section}: {', '.join(sorted(siblings))}"
+    close = difflib.get_close_matches(path, list(LEAVES) + sorted(SECTIONS), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}?"
+    return f"top-level sections are: {', '.join(sorted(s for s in SECTIONS if '.' not in s))}"
+
+
+def _unknown_key(path: str, where: str) -> BadInput:
+    return _bad(f"unknown config key {path!r} {where}; {_suggest(path)}")
+
+
+def _check_keys(tree: dict, where: str, prefix: str = "") -> None:
+    """Every key of ``tree`` must be a schema section (holding a mapping) or leaf."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if path in SECTIONS:
+            if not isinstance(value, dict):
+                example = next(k for k in LEAVES if k.startswith(path + "."))
+                raise _bad(
+                    f"{path} {where} is a section and must hold a mapping of keys, got {_show(value)}; "
+                    f"set its keys one by one, e.g. {example}=..."
+                )
+            _check_keys(value, where, path + ".")
+        elif path not in LEAVES:
+            # Report the full dotted path (runnr.max_steps, not runnr) so the suggestion
+            # can point at the exact key meant.
+            while isinstance(value, dict) and value:
+                key, value = next(iter(value.items()))
+                path = f"{path}.{key}"
+            raise _unknown_key(path, where)
+        elif isinstance(value, dict):
+            # Caught here because OmegaConf's error for this names neither side well.
+            raise _bad(f"{path} expects {_type_phrase(LEAVES[path])}, got {_show(value)} {where}")
+
+
+# --------------------------------------------------------------------------- YAML layers
+
+
+def list_recipes(config_dir: str | os.PathLike | None = None) -> list[str]:
+    """Names of the recipes in ``config_dir`` (default: the packaged ``configs/``)."""
+    d = Path(config_dir) if config_dir is not None else RECIPE_DIR
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def _read_yaml(path: Path, label: str) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise _bad(f"cannot read {label} {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_yaml_loader()) if text.strip() else {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise _bad(f"{label} {path} is not valid YAML{at}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _bad(f"{label} {path} must hold a mapping of sections (runner:, env:, ...), got {_show(data)}")
+    for key in data:
+        if not isinstance(key, str):
+            raise _bad(f"{label} {path} has a non-string top-level key {key!r}; keys are section names like runner")
+    return data
+
+
+def _yaml_loader():
+    # OmegaConf's YAML flavour (``1e-3`` is a float, duplicate keys are errors), so a
+    # recipe reads exactly like an override. It is private API, hence the fallback.
+    try:
+        from omegaconf._utils import get_yaml_loader
+
+        return get_yaml_loader()
+    except ImportError:  # pragma: no cover
+        return yaml.SafeLoader
+
+
+def _recipe_path(name: str, config_dir: Path) -> Path:
+    path = config_dir / f"{name}.yaml"
+    if not path.is_file():
+        available = list_recipes(config_dir)
+        close = difflib.get_close_matches(name, available, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise _bad(
+            f"unknown recipe {name!r} (no {path}); {hint}available recipes: {', '.join(available) or '(none)'}"
+        )
+    return path
+
+
+def _load_layers(path: Path, label: str, config_dir: Path, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """The recipe and its ``base:`` ancestors, oldest first, as (description, mapping)."""
+    data = _read_yaml(path, label)
+    where = f"in {label} {path.name}"
+    parent = data.pop(BASE_KEY, None)
+    layers: list[tuple[str, dict]] = []
+    if parent is not None:
+        if not isinstance(parent, str) or not parent:
+            raise _bad(f"'{BASE_KEY}' {where} must be a recipe name, got {_show(parent)}")
+        if parent in chain or parent == path.stem:
+            cycle = " -> ".join((*chain, path.stem, parent))
+            raise _bad(f"recipe base chain loops ({cycle}); remove one of the '{BASE_KEY}:' lines")
+        # A sibling file first, so a user's own folder of recipes can chain.
+        sibling = path.parent / f"{parent}.yaml"
+        parent_path = sibling if sibling.is_file() else _recipe_path(parent, config_dir)
+        layers = _load_layers(parent_path, "recipe", config_dir, (*chain, path.stem))
+    layers.append((where, data))
+    return layers
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    if not isinstance(text, str) or "=" not in text:
+        raise _bad(f"malformed override {text!r}: expected key=value, e.g. runner.max_steps=10")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise _bad(f"malformed override {text!r}: the key before '=' must be a dotted path like runner.max_steps")
+    try:
+        # OmegaConf's dotlist parser gives us its YAML value grammar; a placeholder key
+        # keeps the user's key out of its parsing (we nest it ourselves).
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        first = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise _bad(f"override {text!r}: cannot parse the value {raw!r} ({first}); quote strings, write lists as [1,2]")
+    return key, value
+
+
+def _nest(key: str, value) -> dict:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _merge_layer(cfg, layer: dict, where: str):
+    try:
+        return OmegaConf.merge(cfg, layer)
+    except OmegaConfBaseException as e:
+        raise _rewrite_type_error(e, layer, where) from None
+
+
+def _dig(tree: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _rewrite_type_error(e: OmegaConfBaseException, layer: dict, where: str) -> BadInput:
+    full_key = str(getattr(e, "full_key", "") or "")
+    leaf = full_key.split("[", 1)[0]
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, InterpolationResolutionError):
+        return _bad(f"{leaf or 'config'}: cannot resolve its ${{...}} reference ({first}); point it at an existing key")
+    if leaf in LEAVES:
+        value = _dig(layer, leaf)
+        expects = _type_phrase(LEAVES[leaf])
+        got = _show(value)
+        return _bad(f"{leaf} expects {expects}, got {got} {where}".rstrip())
+    return _bad(f"invalid config {where}: {first}" if where else f"invalid config: {first}")
+
+
+def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> Config:
+    cfg = OmegaConf.structured(Config)
+    for where, data in layers:
+        _check_keys(data, where)
+        cfg = _merge_layer(cfg, data, where)
+    if overrides is None:
+        overrides = ()
+    elif isinstance(overrides, str):
+        # A lone string would otherwise be split into characters.
+        overrides = [overrides]
+    for text in overrides:
+        key, value = _parse_override(text)
+        where = f"in override {text!r}"
+        layer = _nest(key, value)
+        _check_keys(layer, where)
+        cfg = _merge_layer(cfg, layer, where)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise _rewrite_type_error(e, {}, "") from None
+    validate(obj)
+    return obj
+
+
+def load_config(
+    config_name: str = "ppo_brax",
+    overrides: Iterable[str] = (),
+    config_dir: str | os.PathLike | None = None,
+) -> Config:
+    """Loads recipe ``config_name`` (or a path to a YAML file), applies overrides, validates.
+
+    Raises ``BadInput`` with a one-line message for anything the user can fix.
+    """
+    recipe_dir = Path(config_dir) if config_dir is not None else RECIPE_DIR
+    if str(config_name).endswith((".yaml", ".yml")) or os.sep in str(config_name):
+        path = Path(config_name)
+        if not path.is_file():
+            raise _bad(f"config file {config_name} does not exist; pass a recipe name ({', '.join(list_recipes(recipe_dir))}) or an existing .yaml path")
+        layers = _load_layers(path, "config file", recipe_dir)
+    else:
+        layers = _load_layers(_recipe_path(str(config_name), recipe_dir), "recipe", recipe_dir)
+    return _build(layers, overrides)
+
+
+def load_config_file(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Config:
+    """Loads a resolved config (e.g. a run directory's config.yaml) with full validation."""
+    path = Path(path)
+    if not path.is_file():
+        raise _bad(f"config file {path} does not exist")
+    return _build(_load_layers(path, "config file", RECIPE_DIR), overrides)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    """Every key spelled out; ``load_config_file`` reads it back to an equal ``Config``."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+# --------------------------------------------------------------------------- semantics
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise _bad(msg)
+
+
+def validate(cfg: Config) -> None:
+    """Checks that values make sense together. Env names are the env registry's job."""
+    r, e, a, m, o = cfg.runner, cfg.env, cfg.algorithm, cfg.actor.model, cfg.actor.optim
+
+    _require(r.max_steps >= 1, f"runner.max_steps={r.max_steps} must be >= 1")
+    for name in ("save_interval", "eval_interval", "log_interval"):
+        v = getattr(r, name)
+        _require(v >= 0, f"runner.{name}={v} must be >= 0 (0 disables it)")
+    _require(r.keep_checkpoints >= 1, f"runner.keep_checkpoints={r.keep_checkpoints} must be >= 1")
+    _require(
+        r.max_nonfinite_updates >= 1, f"runner.max_nonfinite_updates={r.max_nonfinite_updates} must be >= 1"
+    )
+    _require(bool(r.output_dir.strip()), "runner.output_dir is empty; set it to a folder, e.g. runner.output_dir=runs")
+    _require(
+        bool(r.experiment_name.strip()) and ".." not in Path(r.experiment_name).parts
+        and not Path(r.experiment_name).is_absolute(),
+        f"runner.experiment_name={r.experiment_name!r} must be a relative folder name inside runner.output_dir",
+    )
+    if r.resume not in RESUME_WORDS:
+        _require(
+            os.path.exists(r.resume),
+            f"runner.resume={r.resume!r}: no such path; use none, auto, or a checkpoint path "
+            "(a step folder or a checkpoints folder)",
+        )
+
+    for name in ("num_envs", "num_eval_envs", "episode_length", "action_repeat"):
+        v = getattr(e, name)
+        _require(v >= 1, f"env.{name}={v} must be >= 1")
+
+    for name in ("rollout_length", "update_epochs", "num_minibatches"):
+        v = getattr(a, name)
+        _require(v >= 1, f"algorithm.{name}={v} must be >= 1")
+    for name in ("gamma", "gae_lambda"):
+        v = getattr(a, name)
+        _require(0.0 <= v <= 1.0, f"algorithm.{name}={v} must be in [0, 1]")
+    _require(a.clip_eps > 0, f"algorithm.clip_eps={a.clip_eps} must be > 0")
+    for name in ("entropy_coef", "value_coef"):
+        v = getattr(a, name)
+        _require(math.isfinite(v) and v >= 0, f"algorithm.{name}={v} must be a finite number >= 0")
+    _require(math.isfinite(a.reward_scale), f"algorithm.reward_scale={a.reward_scale} must be finite")
+    batch = e.num_envs * a.rollout_length
+    if batch % a.num_minibatches:
+        fits = [d for d in range(1, min(batch, 4 * a.num_minibatches) + 1) if batch % d == 0]
+        nearest = min(fits, key=lambda d: (abs(d - a.num_minibatches), d))
+        raise _bad(
+            f"env.num_envs * algorithm.rollout_length = {e.num_envs} * {a.rollout_length} = {batch} is not divisible "
+            f"by algorithm.num_minibatches={a.num_minibatches}; e.g. set algorithm.num_minibatches={nearest}"
+        )
+
+    _require(math.isfinite(o.lr) and o.lr > 0, f"actor.optim.lr={o.lr} must be > 0")
+    _require(o.max_grad_norm > 0, f"actor.optim.max_grad_norm={o.max_grad_norm} must be > 0")
+    _require(
+        o.lr_schedule in LR_SCHEDULES,
+        f"actor.optim.lr_schedule={o.lr_schedule!r} is unknown; choose one of {', '.join(LR_SCHEDULES)}",
+    )
+
+    _require(
+        m.activation in KNOWN_ACTIVATIONS,
+        f"actor.model.activation={m.activation!r} is unknown; choose one of {', '.join(KNOWN_ACTIVATIONS)}",
+    )
+    for name in ("policy_hidden_sizes", "value_hidden_sizes"):
+        sizes = getattr(m, name)
+        _require(
+            all(s >= 1 for s in sizes),
+            f"actor.model.{name}={sizes} must hold positive layer widths, e.g. [64,64]",
+        )
+    _require(m.min_std >= 0, f"actor.model.min_std={m.min_std} must be >= 0")
+
+    nd = cfg.cluster.num_devices
+    _require(
+        nd == "all" or (nd.isdigit() and int(nd) >= 1),
+        f"cluster.num_devices={nd!r} must be 'all' or a positive integer, e.g. cluster.num_devices=1",
+    )

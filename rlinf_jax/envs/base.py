@@ -1,0 +1,49 @@
+"""The functional, batched environment interface.
+
+An environment is a pair of pure functions over an immutable state pytree:
+
+    state = env.reset(key)            # batched: every leaf has a leading [num_envs] axis
+    state = env.step(state, action)   # action: [num_envs, action_size]
+
+Both are jittable and carry no Python-side state, so a rollout is a `lax.scan` over
+`env.step` and a whole training iteration can be one `jax.jit`.
+
+Semantics of one step's outputs (all `[num_envs]`, float32):
+- ``reward``: reward received for the transition just taken.
+- ``done``: 1 when the episode ended after this step, for any reason.
+- ``truncated``: 1 when that end was a time limit (bootstrap from the final observation).
+- with auto-reset, ``obs`` is already the first observation of the next episode and
+  ``info["final_obs"]`` holds the observation the episode ended on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class EnvState:
+    obs: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    truncated: jax.Array
+    # Wrapper bookkeeping (step counters, episode statistics, final_obs, ...). Keys are
+    # fixed at reset so the pytree structure never changes across steps.
+    info: dict[str, Any]
+    # The simulator's own state (a Brax / MJX pipeline state); opaque to the trainer.
+    sim: Any
+
+
+class Env(Protocol):
+    """What the trainer relies on. Wrappers take an Env and return an Env."""
+
+    observation_size: int
+    action_size: int
+    num_envs: int
+
+    def reset(self, key: jax.Array) -> EnvState: ...
+
+    def step(self, state: EnvState, action: jax.Array) -> EnvState: ...

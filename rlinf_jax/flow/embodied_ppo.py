@@ -1,0 +1,314 @@
+"""Embodied PPO on a batched JAX env, collocated and fused.
+
+One training iteration is: unroll the env batch for ``rollout_length`` steps with the
+current policy, compute values and GAE in one batched pass, then run ``update_epochs``
+epochs of clipped PPO over shuffled minibatches. All of it is a pure function of a
+`TrainState`, and `run_chunk` loops it ``n`` times inside a single `jax.jit` (the
+PureJaxRL / Brax way: no host round trip between iterations). The env batch is sharded
+over the mesh's ``data`` axis and parameters are replicated, so the same program runs on
+1 or N devices.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlinf_jax.algos import entropy_bonus, get_advantage, get_policy_loss, value_loss
+from rlinf_jax.config.schema import Config
+from rlinf_jax.envs import normalization
+from rlinf_jax.envs.base import Env, EnvState
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies import mlp
+from rlinf_jax.rollout import Transition, evaluate_policy, unroll
+from rlinf_jax.sharding import DATA_AXIS, replicate, shard_batch
+
+
+@struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    obs_stats: normalization.RunningStats
+    env_state: EnvState
+    key: jax.Array  # legacy uint32[2] key: a plain array, so checkpoints need no key codec
+    step: jax.Array
+    # Consecutive iterations in which some update was skipped for a non-finite loss/grad.
+    bad_iterations: jax.Array
+
+
+# Metrics summed over a chunk and reported as ratios of two sums, not as means.
+_EPISODE_SUMS = ("env/return_sum", "env/length_sum", "env/episodes")
+
+
+def _finite(tree) -> jax.Array:
+    return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _select(pred, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+class PPOTrainer:
+    """Holds the static parts (model graph, optimiser, env) and the jitted programs."""
+
+    def __init__(self, cfg: Config, env: Env, eval_env: Env, mesh):
+        self.cfg, self.env, self.eval_env, self.mesh = cfg, env, eval_env, mesh
+        alg = cfg.algorithm
+        num_devices = mesh.devices.size
+        if env.num_envs % num_devices:
+            raise BadInput(
+                f"env.num_envs={env.num_envs} is not divisible by the {num_devices} devices of the mesh; "
+                f"use a multiple of {num_devices} or set cluster.num_devices"
+            )
+        if eval_env.num_envs % num_devices:
+            raise BadInput(
+                f"env.num_eval_envs={eval_env.num_envs} is not divisible by the {num_devices} devices "
+                f"of the mesh; use a multiple of {num_devices}"
+            )
+        self.batch_size = env.num_envs * alg.rollout_length
+        if self.batch_size % alg.num_minibatches:
+            raise BadInput(
+                f"env.num_envs * algorithm.rollout_length = {self.batch_size} is not divisible by "
+                f"algorithm.num_minibatches={alg.num_minibatches}"
+            )
+        self.minibatch_size = self.batch_size // alg.num_minibatches
+        self.env_steps_per_iteration = self.batch_size * cfg.env.action_repeat
+        self.advantage_fn = get_advantage(alg.adv_type)
+        self.policy_loss_fn = get_policy_loss(alg.loss_type)
+
+        m = cfg.actor.model
+        model = mlp.ActorCritic(
+            env.observation_size,
+            env.action_size,
+            m.policy_hidden_sizes,
+            m.value_hidden_sizes,
+            m.activation,
+            m.min_std,
+            m.init_log_std,
+            rngs=nnx.Rngs(cfg.runner.seed),
+        )
+        self.graphdef, self._init_params = nnx.split(model)
+        self.tx = self._make_optimizer()
+
+        self.run_chunk = jax.jit(self._run_chunk, donate_argnums=0)
+        self.evaluate = jax.jit(self._evaluate)
+
+    # ----------------------------------------------------------------- setup
+    def _make_optimizer(self):
+        o, alg = self.cfg.actor.optim, self.cfg.algorithm
+        total_updates = self.cfg.runner.max_steps * alg.update_epochs * alg.num_minibatches
+        lr = o.lr if o.lr_schedule == "constant" else optax.linear_schedule(o.lr, 0.0, total_updates)
+        return optax.chain(optax.clip_by_global_norm(o.max_grad_norm), optax.adam(lr))
+
+    def init(self) -> TrainState:
+        key = jax.random.PRNGKey(self.cfg.runner.seed)
+        key, reset_key = jax.random.split(key)
+        env_state = jax.jit(self.env.reset)(reset_key)
+        ts = TrainState(
+            params=self._init_params,
+            opt_state=self.tx.init(self._init_params),
+            obs_stats=normalization.init_stats(self.env.observation_size),
+            env_state=env_state,
+            key=key,
+            step=jnp.zeros((), jnp.int32),
+            bad_iterations=jnp.zeros((), jnp.int32),
+        )
+        return self.place(ts)
+
+    def place(self, ts: TrainState) -> TrainState:
+        """Shards the env batch over ``data`` and replicates everything else."""
+        rest = replicate(ts.replace(env_state=None), self.mesh)
+        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh))
+
+    def model(self, params) -> mlp.ActorCritic:
+        return nnx.merge(self.graphdef, params)
+
+    def normalize(self, stats, obs):
+        if not self.cfg.algorithm.normalize_observations:
+            return obs
+        return normalization.normalize(stats, obs)
+
+    # ------------------------------------------------------------- iteration
+    def _iteration(self, ts: TrainState):
+        alg = self.cfg.algorithm
+        model = self.model(ts.params)
+        key, rollout_key, update_key = jax.random.split(ts.key, 3)
+
+        def policy(obs, k):
+            return mlp.act(model, self.normalize(ts.obs_stats, obs), k)
+
+        env_state, traj = unroll(self.env, policy, ts.env_state, rollout_key, alg.rollout_length)
+        advantages, returns, values = self._advantages(model, ts.obs_stats, traj, env_state)
+        params, opt_state, train_metrics = self._update(ts, traj, advantages, returns, update_key)
+
+        # Statistics move after the update, so the update saw exactly what the policy saw.
+        obs_stats = ts.obs_stats
+        if alg.normalize_observations:
+            updated = normalization.update_stats(obs_stats, traj.obs)
+            obs_stats = _select(_finite(traj.obs), updated, obs_stats)
+
+        skipped = train_metrics["train/skipped_updates"]
+        ts = TrainState(
+            params=params,
+            opt_state=opt_state,
+            obs_stats=obs_stats,
+            env_state=env_state,
+            key=key,
+            step=ts.step + 1,
+            bad_iterations=jnp.where(skipped > 0, ts.bad_iterations + 1, 0),
+        )
+        done = traj.done
+        metrics = {
+            **train_metrics,
+            "train/value_mean": jnp.mean(values),
+            "train/advantage_std": jnp.std(advantages),
+            "rollout/reward_mean": jnp.mean(traj.reward),
+            "rollout/truncation_rate": jnp.sum(traj.truncated) / jnp.maximum(jnp.sum(done), 1.0),
+            "env/return_sum": jnp.sum(traj.episode_return * done),
+            "env/length_sum": jnp.sum(traj.episode_length * done),
+            "env/episodes": jnp.sum(done),
+        }
+        return ts, metrics
+
+    def _advantages(self, model, stats, traj: Transition, last_state: EnvState):
+        alg = self.cfg.algorithm
+        T, B = traj.reward.shape
+        obs = jnp.concatenate([traj.obs.reshape(T * B, -1), last_state.obs])
+        v = model.critic(self.normalize(stats, obs))
+        values, last_value = v[: T * B].reshape(T, B), v[T * B :]
+        truncations = final_values = None
+        if alg.bootstrap_on_truncation:
+            truncations = traj.truncated
+
+            # Truncations are rare: pay a critic pass only on steps that have one.
+            def final_value(x):
+                final_obs, truncated = x
+                return jax.lax.cond(
+                    jnp.any(truncated > 0),
+                    lambda o: model.critic(self.normalize(stats, o)),
+                    lambda o: jnp.zeros(o.shape[:1], o.dtype),
+                    final_obs,
+                )
+
+            final_values = jax.lax.map(final_value, (traj.final_obs, traj.truncated))
+        rewards = traj.reward * alg.reward_scale
+        adv, ret = self.advantage_fn(
+            rewards, values, traj.done, last_value, alg.gamma, alg.gae_lambda, truncations, final_values
+        )
+        return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(ret), values
+
+    def _loss(self, params, stats, batch, key):
+        alg = self.cfg.algorithm
+        model = self.model(params)
+        obs = self.normalize(stats, batch["obs"])
+        logprob, entropy, value = mlp.evaluate_actions(model, obs, batch["raw_action"], key)
+        adv = batch["advantage"]
+        if alg.normalize_advantages:
+            adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
+        pg_loss, pg_metrics = self.policy_loss_fn(logprob, batch["logprob"], adv, alg.clip_eps)
+        v_loss = value_loss(value, batch["return"])
+        ent = entropy_bonus(entropy)
+        total = pg_loss + alg.value_coef * v_loss - alg.entropy_coef * ent
+        return total, {
+            "train/total_loss": total,
+            "train/policy_loss": pg_loss,
+            "train/value_loss": v_loss,
+            "train/entropy": ent,
+            "train/approx_kl": pg_metrics["approx_kl"],
+            "train/clip_frac": pg_metrics["clip_frac"],
+        }
+
+    def _update(self, ts: TrainState, traj: Transition, advantages, returns, key):
+        alg = self.cfg.algorithm
+        flat = {
+            "obs": traj.obs,
+            "raw_action": traj.raw_action,
+            "logprob": traj.logprob,
+            "advantage": advantages,
+            "return": returns,
+        }
+        flat = jax.tree.map(lambda x: x.reshape(self.batch_size, *x.shape[2:]), flat)
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        mb_sharding = None
+        if self.minibatch_size % self.mesh.devices.size == 0:
+            mb_sharding = NamedSharding(self.mesh, P(None, DATA_AXIS))
+
+        def sgd_step(carry, minibatch):
+            params, opt_state, k = carry
+            k, loss_key = jax.random.split(k)
+            (loss, metrics), grads = grad_fn(params, ts.obs_stats, minibatch, loss_key)
+            updates, new_opt_state = self.tx.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            ok = jnp.isfinite(loss) & _finite(grads)
+            # A non-finite loss or gradient never reaches the parameters.
+            params = _select(ok, new_params, params)
+            opt_state = _select(ok, new_opt_state, opt_state)
+            metrics = jax.tree.map(lambda x: jnp.where(ok, x, 0.0), metrics)
+            metrics["train/grad_norm"] = jnp.where(ok, optax.global_norm(grads), 0.0)
+            metrics["train/ok_updates"] = ok.astype(jnp.float32)
+            return (params, opt_state, k), metrics
+
+        def epoch(carry, epoch_key):
+            perm = jax.random.permutation(epoch_key, self.batch_size)
+            shuffled = jax.tree.map(
+                lambda x: x[perm].reshape(alg.num_minibatches, self.minibatch_size, *x.shape[1:]), flat
+            )
+            if mb_sharding is not None:
+                shuffled = jax.lax.with_sharding_constraint(shuffled, mb_sharding)
+            return jax.lax.scan(sgd_step, carry, shuffled)
+
+        key, step_key = jax.random.split(key)
+        (params, opt_state, _), metrics = jax.lax.scan(
+            epoch, (ts.params, ts.opt_state, step_key), jax.random.split(key, alg.update_epochs)
+        )
+        ok = metrics.pop("train/ok_updates")
+        n_ok = jnp.sum(ok)
+        # Means over the updates that happened; skipped ones are counted, not averaged.
+        means = {k: jnp.sum(v) / jnp.maximum(n_ok, 1.0) for k, v in metrics.items()}
+        means["train/skipped_updates"] = ok.size - n_ok
+        return params, opt_state, means
+
+    # ----------------------------------------------------------------- chunks
+    def _run_chunk(self, ts: TrainState, num_iterations):
+        """Runs ``num_iterations`` (a traced int: one compile for every chunk length)."""
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(self._iteration, ts)[1])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+
+        def body(i, carry):
+            ts, sums = carry
+            ts, metrics = self._iteration(ts)
+            return ts, jax.tree.map(jnp.add, sums, metrics)
+
+        return jax.lax.fori_loop(0, num_iterations, body, (ts, zeros))
+
+    def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
+        """Turns a chunk's summed metrics into per-iteration means and episode averages."""
+        sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+        out = {k: v / num_iterations for k, v in sums.items() if k not in _EPISODE_SUMS}
+        out["train/skipped_updates"] = sums["train/skipped_updates"]
+        episodes = sums["env/episodes"]
+        if episodes > 0:
+            out["env/return"] = sums["env/return_sum"] / episodes
+            out["env/episode_length"] = sums["env/length_sum"] / episodes * self.cfg.env.action_repeat
+        out["env/episodes"] = episodes
+        return out
+
+    # -------------------------------------------------------------- evaluation
+    def _evaluate(self, params, stats, key):
+        model = self.model(params)
+
+        def policy(obs):
+            return mlp.act_deterministic(model, self.normalize(stats, obs))
+
+        ret, length = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length)
+        return {
+            "eval/return": jnp.mean(ret),
+            "eval/return_std": jnp.std(ret),
+            "eval/episode_length": jnp.mean(length) * self.cfg.env.action_repeat,
+        }

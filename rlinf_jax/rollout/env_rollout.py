@@ -1,0 +1,84 @@
+"""Env rollout loops: `lax.scan` over `env.step` with a policy in the loop.
+
+Only the policy runs per step; values are computed afterwards in one batched call
+(cheaper on every backend than a critic forward inside the loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from rlinf_jax.envs.base import Env, EnvState
+
+
+@struct.dataclass
+class Transition:
+    """One step of a batched rollout; stacked by the scan into ``[T, B, ...]``."""
+
+    obs: jax.Array  # observation the action was taken from (raw, unnormalised)
+    raw_action: jax.Array  # pre-squash sample; the log-prob is defined on it
+    logprob: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    truncated: jax.Array
+    # Observation an episode ended on (== next obs unless done); bootstraps truncations.
+    final_obs: jax.Array
+    # Finished-episode statistics, valid where done.
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+def unroll(
+    env: Env,
+    policy: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]],
+    env_state: EnvState,
+    key: jax.Array,
+    length: int,
+) -> tuple[EnvState, Transition]:
+    """Steps ``env`` ``length`` times; ``policy(obs, key) -> (action, raw_action, logprob)``."""
+
+    def step(state: EnvState, step_key):
+        action, raw, logprob = policy(state.obs, step_key)
+        nxt = env.step(state, action)
+        info = nxt.info
+        return nxt, Transition(
+            obs=state.obs,
+            raw_action=raw,
+            logprob=logprob,
+            reward=nxt.reward,
+            done=nxt.done,
+            truncated=nxt.truncated,
+            final_obs=info.get("final_obs", nxt.obs),
+            episode_return=info.get("episode_return", jnp.zeros_like(nxt.reward)),
+            episode_length=info.get("episode_length", jnp.zeros_like(nxt.reward)),
+        )
+
+    return jax.lax.scan(step, env_state, jax.random.split(key, length))
+
+
+def evaluate_policy(env: Env, policy: Callable[[jax.Array], jax.Array], key: jax.Array, max_steps: int):
+    """Runs one episode in every env (no auto-reset) and returns per-env (return, length).
+
+    A `while_loop` stops as soon as every episode is over, so early failures are cheap.
+    """
+    state = env.reset(key)
+    zeros = jnp.zeros_like(state.reward)
+
+    def cond(carry):
+        _, _, alive, _, t = carry
+        return (t < max_steps) & jnp.any(alive > 0)
+
+    def body(carry):
+        state, ret, alive, length, t = carry
+        state = env.step(state, policy(state.obs))
+        ret = ret + state.reward * alive
+        length = length + alive
+        alive = alive * (1.0 - state.done)
+        return state, ret, alive, length, t + 1
+
+    _, ret, _, length, _ = jax.lax.while_loop(cond, body, (state, zeros, zeros + 1.0, zeros, 0))
+    return ret, length

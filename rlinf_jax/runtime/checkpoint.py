@@ -1,0 +1,302 @@
+"""Checkpoints on orbax's CheckpointManager: one step folder per save, last N kept.
+
+Layout: ``<dir>/<step>/state`` (the array pytree, StandardSave) and ``<dir>/<step>/meta``
+(a JSON dict). Orbax writes a step into ``<step>.orbax-checkpoint-tmp-<ts>/`` and renames
+it when complete, so a crash mid-save leaves only a temp folder that every listing here
+ignores: the newest *finished* step stays the one we resume from.
+
+Everything a user can get wrong (missing folder, corrupt files, a state that no longer
+fits what was saved) surfaces as a one-line ``BadInput``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocm
+
+from rlinf_jax.errors import BadInput
+
+STATE, META = "state", "meta"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's marker of a step folder still being written
+
+
+def list_steps(directory: str | os.PathLike) -> list[int]:
+    """Finished checkpoint steps in ``directory`` (temp folders of cut-off saves excluded)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def _key_str(key) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _stored_shape(leaf) -> tuple[int, ...]:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        # A typed PRNG key is stored as its key data, which has trailing dims.
+        return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
+    return tuple(getattr(leaf, "shape", np.shape(leaf)))
+
+
+def _flat_shapes(tree) -> dict[str, tuple[int, ...]]:
+    """``a.b.0.c`` -> stored shape for every leaf; the paths orbax names its arrays by."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_str(k) for k in path): _stored_shape(leaf) for path, leaf in leaves}
+
+
+def _as_restorable(tree):
+    # Orbax restores onto arrays and Python scalars but rejects NumPy scalar objects
+    # (np.float32(1.0)); a 0-d array carries the same dtype and shape.
+    return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, np.generic) else x, tree)
+
+
+def _short(e: BaseException) -> str:
+    # Tensorstore errors carry a kilobyte of JSON spec after the useful part.
+    text = str(e).split(" [tensorstore_spec", 1)[0]
+    text = " ".join(text.split())
+    if len(text) > 240:
+        text = text[:240] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class ResumePoint(NamedTuple):
+    """A checkpoint to resume from; unpacks as ``directory, step``."""
+
+    directory: Path
+    step: int
+
+    @property
+    def path(self) -> Path:
+        return self.directory / str(self.step)
+
+
+class Checkpointer:
+    """Saves and restores ``(state pytree, meta dict)`` per step in ``directory``.
+
+    Reading never creates ``directory``; the first ``save`` does.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        if int(keep) < 1:
+            raise BadInput(f"runner.keep_checkpoints={keep} must be >= 1")
+        self.directory = Path(directory).absolute()
+        self.keep = int(keep)
+        self._manager: ocp.CheckpointManager | None = None
+        self._swept = False
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _mngr(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+            # Registering handlers up front (rather than learning them from a first
+            # save) lets a fresh process read a checkpoint's metadata before restoring.
+            state_handler, meta_handler = ocp.StandardCheckpointHandler(), ocp.JsonCheckpointHandler()
+            registry.add(STATE, ocp.args.StandardSave, state_handler)
+            registry.add(STATE, ocp.args.StandardRestore, state_handler)
+            registry.add(META, ocp.args.JsonSave, meta_handler)
+            registry.add(META, ocp.args.JsonRestore, meta_handler)
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=ocm.LatestN(self.keep),
+                create=False,  # we make the folder on save, so reads leave no empty dirs behind
+                # Not here: a reader (resume from another run's folder) must never delete
+                # a save that a live writer has in flight. save() sweeps instead.
+                cleanup_tmp_directories=False,
+                # Synchronous: save() returns with the step renamed into place.
+                enable_async_checkpointing=False,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+        return self._manager
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ listing
+
+    def all_steps(self) -> list[int]:
+        return list_steps(self.directory)
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / str(int(step))
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int, state: Any, meta: dict | None = None) -> Path:
+        """Writes ``state`` (a pytree of arrays / scalars) and ``meta`` (JSON-able) as ``step``.
+
+        Returns once the step folder is complete and in place. Saving a step that
+        already exists replaces it: after a resume from an earlier step the new
+        lineage wins. Only the newest ``keep`` steps are kept.
+        """
+        step = int(step)
+        meta = {} if meta is None else dict(meta)
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"checkpoint meta must be JSON-serializable: {e}") from None
+        if not jax.tree_util.tree_leaves(state):
+            # Orbax fails on an empty tree and leaves its background machinery hanging.
+            raise ValueError("cannot checkpoint an empty state pytree")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self._swept:
+            self._sweep_partial_saves()
+        mngr = self._mngr()
+        mngr.reload()  # another Checkpointer may have written here since we last looked
+        if step in mngr.all_steps():
+            mngr.delete(step)
+        mngr.save(
+            step,
+            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}),
+            force=True,
+        )
+        mngr.wait_until_finished()
+        return self.step_path(step)
+
+    def _sweep_partial_saves(self) -> None:
+        # Temp folders of saves cut off by a crash: never valid, only disk. We are the
+        # writer of this folder now (orbax is not multi-writer safe in any case).
+        for p in self.directory.glob(f"*{TMP_SUFFIX}*"):
+            shutil.rmtree(p, ignore_errors=True)
+        self._swept = True
+
+    def delete_after(self, step: int) -> list[int]:
+        """Deletes steps newer than ``step`` (the future of a run rewound to ``step``)."""
+        doomed = [s for s in self.all_steps() if s > step]
+        if doomed:
+            mngr = self._mngr()
+            mngr.reload()
+            for s in doomed:
+                mngr.delete(s)
+            mngr.wait_until_finished()
+        return doomed
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, step: int | None, target: Any) -> tuple[Any, dict]:
+        """Reads ``step`` (None: the latest) onto ``target``'s structure, shapes and shardings.
+
+        ``target`` is a pytree like the saved state (real arrays or
+        ``jax.ShapeDtypeStruct``s); returns ``(state, meta)``.
+        """
+        if not self.directory.is_dir():
+            raise BadInput(f"checkpoint directory {self.directory} does not exist; check runner.resume")
+        steps = self.all_steps()
+        if not steps:
+            raise BadInput(f"no checkpoint in {self.directory}; it holds no finished step folder")
+        step = steps[-1] if step is None else int(step)
+        if step not in steps:
+            raise BadInput(
+                f"no checkpoint for step {step} in {self.directory}; available steps: {', '.join(map(str, steps))}"
+            )
+        target = _as_restorable(target)
+        mngr = self._mngr()
+        mngr.reload()
+        try:
+            saved = mngr.item_metadata(step)[STATE]
+        except Exception as e:  # orbax raises anything from JSONDecodeError to KeyError
+            raise self._corrupt(step, steps, e) from e
+        if saved is not None and getattr(saved, "tree", None) is not None:
+            self._check_fits(step, saved.tree, target)
+        try:
+            restored = mngr.restore(
+                step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
+            )
+        except Exception as e:
+            raise self._corrupt(step, steps, e) from e
+        return restored[STATE], dict(restored[META] or {})
+
+    def _corrupt(self, step: int, steps: list[int], e: BaseException) -> BadInput:
+        others = [s for s in steps if s != step]
+        fallback = (
+            f"delete that folder to fall back to step {max(others)}, or point runner.resume at another checkpoint"
+            if others
+            else "point runner.resume elsewhere or start fresh with runner.resume=none in a new run"
+        )
+        return BadInput(f"checkpoint {self.step_path(step)} is corrupt or unreadable ({_short(e)}); {fallback}")
+
+    def _check_fits(self, step: int, saved_tree, target) -> None:
+        saved, wanted = _flat_shapes(saved_tree), _flat_shapes(target)
+        problems = []
+        for key, shape in wanted.items():
+            if key not in saved:
+                problems.append(f"{key} (shape {shape}) is not in the checkpoint")
+            elif saved[key] != shape:
+                problems.append(f"{key} has shape {saved[key]} in the checkpoint but {shape} in the current state")
+        problems += [f"the checkpoint has {k} (shape {s}) that the current state lacks" for k, s in saved.items() if k not in wanted]
+        if problems:
+            more = f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else ""
+            raise BadInput(
+                f"checkpoint {self.step_path(step)} does not fit the current state: {problems[0]}{more}; "
+                "was it saved with a different config?"
+            )
+
+
+def restore_checkpoint(point: ResumePoint | str | os.PathLike, target: Any, keep: int = 3) -> tuple[Any, dict]:
+    """Restores a ``ResumePoint`` or a step folder path onto ``target``; returns (state, meta)."""
+    if not isinstance(point, ResumePoint):
+        path = Path(point)
+        if not path.name.isdigit():
+            raise BadInput(f"{path} is not a checkpoint step folder (expected .../checkpoints/<step>)")
+        point = ResumePoint(path.parent, int(path.name))
+    with Checkpointer(point.directory, keep=keep) as ckpt:
+        return ckpt.restore(point.step, target)
+
+
+def resolve_resume(cfg, run_dir) -> ResumePoint | None:
+    """What ``runner.resume`` points at, as ``(checkpoints dir, step)``; None = fresh start.
+
+    ``none``: None. ``auto``: the latest checkpoint of this run dir, or None when it has
+    none yet. A path: a step folder (``.../checkpoints/100``), a checkpoints folder (its
+    latest step) or a run folder holding ``checkpoints/`` (its latest step).
+    """
+    resume = cfg.runner.resume
+    if resume == "none":
+        return None
+    if resume == "auto":
+        step = Checkpointer(run_dir.checkpoints).latest_step()
+        return None if step is None else ResumePoint(Path(run_dir.checkpoints).absolute(), step)
+
+    path = Path(resume).absolute()
+    if not path.exists():
+        raise BadInput(f"runner.resume={resume!r}: no such path; use none, auto, or an existing checkpoint path")
+    if path.name.isdigit() and int(path.name) in list_steps(path.parent):
+        return ResumePoint(path.parent, int(path.name))
+    for candidate in (path, path / "checkpoints"):
+        steps = list_steps(candidate)
+        if steps:
+            return ResumePoint(candidate, steps[-1])
+    raise BadInput(
+        f"runner.resume={resume!r} holds no finished checkpoint; point it at a step folder "
+        "(.../checkpoints/<step>), a checkpoints folder, or a run folder"
+    )

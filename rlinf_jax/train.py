@@ -1,0 +1,71 @@
+"""`python -m rlinf_jax.train [--config-name NAME] [key=value ...]`: config -> flow -> run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m rlinf_jax.train",
+        description="Train a policy with reinforcement learning. Overrides are dotted key=value pairs, "
+        "e.g. runner.max_steps=50 env.name=ant.",
+    )
+    parser.add_argument("--config-name", "-cn", default="ppo_brax", help="recipe in configs/ (default: ppo_brax)")
+    parser.add_argument("--list-recipes", action="store_true", help="print the available recipes and exit")
+    parser.add_argument("--list-envs", action="store_true", help="print the available envs and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser.parse_args(argv)
+
+
+def _print_summary(summary, console):
+    ret = "n/a" if summary.eval_return is None else f"{summary.eval_return:.1f}"
+    resumed = "" if summary.resumed_from is None else f" (resumed from step {summary.resumed_from})"
+    console.print(
+        f"[bold]done[/bold]: {summary.steps} iterations, {summary.env_steps:,} env steps{resumed}\n"
+        f"  final eval return  {ret}\n"
+        f"  env-steps/s        {summary.env_steps_per_sec:,.0f}\n"
+        f"  compile time       {summary.compile_sec:.1f} s\n"
+        f"  wall time          {summary.wall_sec:.1f} s\n"
+        f"  saved in           {summary.run_dir}"
+    )
+
+
+def main(argv=None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    # Heavy imports after argument parsing so `--help` is instant.
+    from rich.console import Console
+
+    from rlinf_jax.errors import BadInput
+
+    console = Console(stderr=False)
+    try:
+        from rlinf_jax.config import list_recipes, load_config
+        from rlinf_jax.envs import list_envs
+
+        if args.list_recipes:
+            print("\n".join(list_recipes()))
+            return 0
+        if args.list_envs:
+            for suite, names in list_envs().items():
+                print(f"{suite}: {', '.join(names)}")
+            return 0
+        cfg = load_config(args.config_name, args.overrides)
+
+        from rlinf_jax.flow.embodied_runner import TrainingDiverged, run
+
+        try:
+            summary = run(cfg, console=console)
+        except TrainingDiverged as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _print_summary(summary, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Recipe loading: overrides, inheritance, round trips and every bad-input message."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlinf_jax.config import Config, config_to_yaml, list_recipes, load_config, load_config_file
+from rlinf_jax.errors import BadInput
+
+RECIPES = Path(__file__).resolve().parent.parent / "rlinf_jax" / "configs"
+
+
+def bad(overrides=(), name="ppo_brax", config_dir=None) -> str:
+    with pytest.raises(BadInput) as info:
+        load_config(name, list(overrides), config_dir=config_dir)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def write(d: Path, name: str, text: str) -> Path:
+    p = d / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+# ----------------------------------------------------------------------------- good paths
+
+
+def _flat(tree, prefix=""):
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def test_default_recipe_values_come_from_its_yaml():
+    import yaml
+
+    assert "ppo_brax" in list_recipes()
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    for path, value in _flat(yaml.safe_load((RECIPES / "ppo_brax.yaml").read_text())):
+        got = cfg
+        for part in path.split("."):
+            got = getattr(got, part)
+        assert got == (float(value) if isinstance(got, float) else value), path
+
+
+@pytest.mark.parametrize("name", list_recipes())
+def test_every_packaged_recipe_loads(name):
+    assert isinstance(load_config(name), Config)
+
+
+def test_default_recipe_spells_out_required_keys():
+    text = (RECIPES / "ppo_brax.yaml").read_text()
+    for key in ("output_dir: runs", "experiment_name: ppo_brax_inverted_pendulum", "seed:", "max_steps:",
+                "save_interval:", "eval_interval:", "resume: none"):
+        assert key in text, key
+
+
+def test_default_recipe_covers_every_schema_key():
+    import yaml
+
+    data = yaml.safe_load((RECIPES / "ppo_brax.yaml").read_text())
+
+    def walk(obj, tree, prefix=""):
+        for f in dataclasses.fields(obj):
+            assert f.name in tree, prefix + f.name
+            v = getattr(obj, f.name)
+            if dataclasses.is_dataclass(v):
+                walk(v, tree[f.name], prefix + f.name + ".")
+
+    walk(Config(), data)
+
+
+def test_override_types():
+    cfg = load_config(overrides=[
+        "runner.max_steps=10",                          # int
+        "actor.optim.lr=1e-3",                          # float in exponent form
+        "algorithm.gamma=1",                            # int into a float field
+        "runner.progress_bar=false",                    # bool
+        "actor.model.policy_hidden_sizes=[64,64]",      # list
+        "env.name=ant",                                 # str
+        "cluster.num_devices=2",                        # int into a str field
+        "runner.experiment_name=a b",
+    ])
+    assert cfg.runner.max_steps == 10
+    assert cfg.actor.optim.lr == pytest.approx(1e-3)
+    assert cfg.algorithm.gamma == 1.0 and isinstance(cfg.algorithm.gamma, float)
+    assert cfg.runner.progress_bar is False
+    assert cfg.actor.model.policy_hidden_sizes == [64, 64]
+    assert cfg.env.name == "ant"
+    assert cfg.cluster.num_devices == "2"
+    assert cfg.runner.experiment_name == "a b"
+
+
+def test_later_override_wins():
+    assert load_config(overrides=["runner.seed=1", "runner.seed=7"]).runner.seed == 7
+
+
+def test_base_recipe_chain(tmp_path):
+    write(tmp_path, "root", """
+        runner: {experiment_name: root, seed: 3}
+        actor: {model: {policy_hidden_sizes: [8, 8, 8]}}
+    """)
+    write(tmp_path, "mid", """
+        base: root
+        env: {name: ant}
+        actor: {model: {policy_hidden_sizes: [16]}}
+    """)
+    write(tmp_path, "leaf", """
+        base: mid
+        runner: {experiment_name: leaf}
+    """)
+    cfg = load_config("leaf", ["runner.max_steps=7"], config_dir=tmp_path)
+    assert cfg.runner.experiment_name == "leaf"
+    assert cfg.runner.seed == 3                      # from root, through mid
+    assert cfg.env.name == "ant"
+    assert cfg.actor.model.policy_hidden_sizes == [16]   # lists are replaced, not merged
+    assert cfg.runner.max_steps == 7
+    assert sorted(list_recipes(tmp_path)) == ["leaf", "mid", "root"]
+
+
+def test_base_can_name_a_packaged_recipe_when_config_dir_is_default(tmp_path):
+    p = write(tmp_path, "custom", """
+        base: ppo_brax
+        env: {name: hopper}
+    """)
+    cfg = load_config(str(p))
+    assert cfg.env.name == "hopper" and cfg.runner.max_steps == load_config().runner.max_steps
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(overrides=["actor.model.policy_hidden_sizes=[64,64]", "actor.optim.lr=1e-4", "env.name=ant"])
+    p = tmp_path / "config.yaml"
+    p.write_text(config_to_yaml(cfg))
+    assert load_config_file(p) == cfg
+    assert load_config(str(p)) == cfg
+    assert load_config_file(p, ["runner.seed=9"]).runner.seed == 9
+
+
+def test_resume_accepts_existing_path(tmp_path):
+    assert load_config(overrides=[f"runner.resume={tmp_path}"]).runner.resume == str(tmp_path)
+    assert load_config(overrides=["runner.resume=auto"]).runner.resume == "auto"
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("overrides, must_contain", [
+    (["runner.max_step=10"], ["runner.max_step", "did you mean runner.max_steps?"]),
+    (["runnr.max_steps=10"], ["did you mean runner.max_steps?"]),
+    (["runner.lr=1"], ["did you mean actor.optim.lr?"]),
+    (["runner.foo=1"], ["runner.foo", "valid keys under runner", "max_steps"]),
+    (["foo=1"], ["'foo'", "top-level sections"]),
+    (["runner=3"], ["runner", "mapping"]),
+    (["runner.max_steps=abc"], ["runner.max_steps expects an int, got 'abc'"]),
+    (["runner.max_steps=1.5"], ["runner.max_steps expects an int, got 1.5"]),
+    (["actor.optim.lr=fast"], ["actor.optim.lr expects a float, got 'fast'"]),
+    (["runner.progress_bar=maybe"], ["runner.progress_bar expects a bool"]),
+    (["actor.model.policy_hidden_sizes=64"], ["actor.model.policy_hidden_sizes expects a list of ints"]),
+    (["actor.model.policy_hidden_sizes=[a,b]"], ["actor.model.policy_hidden_sizes expects a list of ints"]),
+    (["actor.model.policy_hidden_sizes.x=1"], ["actor.model.policy_hidden_sizes expects a list of ints"]),
+    (["runner.seed="], ["runner.seed expects an int, got null"]),
+    (["runner.max_steps"], ["malformed override", "key=value"]),
+    (["=5"], ["malformed override"]),
+    (["runner.seed=[1"], ["runner.seed=[1", "cannot parse"]),
+    (["runner.max_steps=0"], ["runner.max_steps=0", ">= 1"]),
+    (["runner.save_interval=-1"], ["runner.save_interval=-1", ">= 0"]),
+    (["runner.eval_interval=-1"], ["runner.eval_interval=-1"]),
+    (["runner.log_interval=-2"], ["runner.log_interval=-2"]),
+    (["runner.keep_checkpoints=0"], ["runner.keep_checkpoints=0", ">= 1"]),
+    (["env.num_envs=0"], ["env.num_envs=0"]),
+    (["env.num_eval_envs=0"], ["env.num_eval_envs=0"]),
+    (["algorithm.rollout_length=0"], ["algorithm.rollout_length=0"]),
+    (["algorithm.update_epochs=0"], ["algorithm.update_epochs=0"]),
+    (["algorithm.num_minibatches=0"], ["algorithm.num_minibatches=0"]),
+    (["algorithm.gamma=1.5"], ["algorithm.gamma=1.5", "[0, 1]"]),
+    (["algorithm.gae_lambda=-0.1"], ["algorithm.gae_lambda=-0.1", "[0, 1]"]),
+    (["algorithm.clip_eps=0"], ["algorithm.clip_eps=0", "> 0"]),
+    (["actor.optim.lr=0"], ["actor.optim.lr=0", "> 0"]),
+    (["algorithm.num_minibatches=7"], ["not divisible", "algorithm.num_minibatches=7", "e.g. set algorithm.num_minibatches="]),
+    (["env.num_envs=3", "algorithm.rollout_length=5", "algorithm.num_minibatches=4"], ["3 * 5 = 15"]),
+    (["runner.resume=/definitely/not/here"], ["runner.resume", "/definitely/not/here", "no such path"]),
+    (["actor.optim.lr_schedule=cosine"], ["actor.optim.lr_schedule='cosine'", "constant, linear"]),
+    (["cluster.num_devices=0"], ["cluster.num_devices='0'", "'all' or a positive integer"]),
+    (["cluster.num_devices=many"], ["cluster.num_devices='many'"]),
+    (["actor.model.activation=sigmoid"], ["actor.model.activation='sigmoid'", "relu", "swish"]),
+])
+def test_bad_overrides(overrides, must_contain):
+    msg = bad(overrides)
+    for part in must_contain:
+        assert part in msg, (part, msg)
+
+
+def test_activation_aliases_accepted():
+    for act in ("relu", "tanh", "swish", "silu", "gelu", "elu"):
+        assert load_config(overrides=[f"actor.model.activation={act}"]).actor.model.activation == act
+
+
+def test_unknown_recipe_lists_available():
+    msg = bad(name="ppo_brx")
+    assert "ppo_brx" in msg and "did you mean ppo_brax?" in msg and "available recipes: " in msg
+
+
+def test_unknown_key_in_recipe_yaml(tmp_path):
+    write(tmp_path, "r", """
+        runner:
+          max_step: 5
+    """)
+    msg = bad(name="r", config_dir=tmp_path)
+    assert "runner.max_step" in msg and "r.yaml" in msg and "did you mean runner.max_steps?" in msg
+
+
+def test_wrong_type_in_recipe_yaml(tmp_path):
+    write(tmp_path, "r", "env: {num_envs: lots}\n")
+    msg = bad(name="r", config_dir=tmp_path)
+    assert "env.num_envs expects an int, got 'lots'" in msg and "r.yaml" in msg
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    write(tmp_path, "r", "runner:\n  seed: [1,\n")
+    msg = bad(name="r", config_dir=tmp_path)
+    assert "not valid YAML" in msg and "line" in msg
+
+
+def test_duplicate_yaml_key(tmp_path):
+    write(tmp_path, "r", "runner:\n  seed: 1\n  seed: 2\n")
+    assert "duplicate key" in bad(name="r", config_dir=tmp_path)
+
+
+def test_non_mapping_recipe(tmp_path):
+    write(tmp_path, "r", "- 1\n- 2\n")
+    assert "mapping" in bad(name="r", config_dir=tmp_path)
+
+
+def test_missing_and_looping_base(tmp_path):
+    write(tmp_path, "r", "base: nothere\n")
+    assert "unknown recipe 'nothere'" in bad(name="r", config_dir=tmp_path)
+    write(tmp_path, "a", "base: b\n")
+    write(tmp_path, "b", "base: a\n")
+    assert "loops" in bad(name="a", config_dir=tmp_path)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        load_config_file(tmp_path / "nope.yaml")
+    assert "does not exist" in bad(name=str(tmp_path / "nope.yaml"))
+
+
+def test_file_path_recipe_with_sibling_base_and_interpolation(tmp_path):
+    write(tmp_path, "mine", "env: {name: ant}\n")
+    p = write(tmp_path, "child", """
+        base: mine
+        runner: {experiment_name: "${env.name}_run"}
+    """)
+    assert load_config(str(p)).runner.experiment_name == "ant_run"
+    write(tmp_path, "broken", "runner: {seed: '${nope}'}\n")
+    msg = bad(name="broken", config_dir=tmp_path)
+    assert "runner.seed" in msg and "nope" in msg
