@@ -245,7 +245,7 @@ class PPOTrainer:
             (loss, metrics), grads = grad_fn(params, ts.obs_stats, minibatch, loss_key)
             updates, new_opt_state = self.tx.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
-            ok = jnp.isfinite(loss) & _finite(grads)
+            ok = jnp.isfinite(loss) & _finite(grads) & _finite(new_params)
             # A non-finite loss or gradient never reaches the parameters.
             params = _select(ok, new_params, params)
             opt_state = _select(ok, new_opt_state, opt_state)

@@ -85,7 +85,9 @@ def run(cfg: Config, console=None) -> RunSummary:
     logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard)
     checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
     if resumed_from is not None:
+        # What was logged or saved after the resume point belongs to a future this run rewrites.
         logger.truncate_after(resumed_from)
+        checkpointer.delete_after(resumed_from)
 
     t0 = time.perf_counter()
     chunk = trainer.run_chunk.lower(ts, jnp.int32(1)).compile()

@@ -207,7 +207,8 @@ class Checkpointer:
         """Reads ``step`` (None: the latest) onto ``target``'s structure, shapes and shardings.
 
         ``target`` is a pytree like the saved state (real arrays or
-        ``jax.ShapeDtypeStruct``s); returns ``(state, meta)``.
+        ``jax.ShapeDtypeStruct``s), or None to read the saved tree as nested dicts of
+        host arrays (for inspection); returns ``(state, meta)``.
         """
         if not self.directory.is_dir():
             raise BadInput(f"checkpoint directory {self.directory} does not exist; check runner.resume")
@@ -226,7 +227,7 @@ class Checkpointer:
             saved = mngr.item_metadata(step)[STATE]
         except Exception as e:  # orbax raises anything from JSONDecodeError to KeyError
             raise self._corrupt(step, steps, e) from e
-        if saved is not None and getattr(saved, "tree", None) is not None:
+        if target is not None and saved is not None and getattr(saved, "tree", None) is not None:
             self._check_fits(step, saved.tree, target)
         try:
             restored = mngr.restore(

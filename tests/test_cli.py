@@ -1,0 +1,58 @@
+"""The training CLI: every kind of bad input is one `error:` line and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_jax.train import main
+from tests.conftest import run_cli
+
+
+def _error_line(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: "), err
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["runner.max_step=3"], "runner.max_steps"),  # typo -> closest key
+        (["runner.bogus=1"], "runner.bogus"),  # unknown key
+        (["runner.max_steps=abc"], "runner.max_steps"),  # wrong type
+        (["runner.max_steps=0"], "runner.max_steps"),  # impossible value
+        (["algorithm.gamma=1.5"], "algorithm.gamma"),
+        (["--config-name", "no_such_recipe"], "ppo_brax"),  # unknown recipe lists recipes
+        (["env.name=inverted_pendulm"], "inverted_pendulum"),  # unknown env lists envs
+        (["env.backend=physx"], "positional"),
+        (["runner.resume=/no/such/checkpoint"], "/no/such/checkpoint"),
+        (["max_steps"], "max_steps"),  # malformed override
+    ],
+)
+def test_bad_input_is_one_error_line(capsys, tmp_path, argv, expected):
+    err = _error_line(capsys, [*argv, f"runner.output_dir={tmp_path}"])
+    assert expected in err
+    assert not any(tmp_path.iterdir()), "bad input must not create anything"
+
+
+def test_unknown_env_lists_the_envs(capsys):
+    err = _error_line(capsys, ["env.name=antt"])
+    assert "ant" in err and "halfcheetah" in err and "did you mean" in err
+
+
+def test_cli_process_exit_code_and_stderr(tmp_path):
+    proc = run_cli(["runner.max_steps=-1", f"runner.output_dir={tmp_path}"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_list_recipes_and_envs(capsys):
+    assert main(["--list-recipes"]) == 0
+    out = capsys.readouterr().out.split()
+    assert {"ppo_brax", "ppo_brax_ant", "ppo_brax_halfcheetah", "ppo_playground_cheetah"} <= set(out)
+    assert main(["--list-envs"]) == 0
+    out = capsys.readouterr().out
+    assert "inverted_pendulum" in out and "CartpoleBalance" in out
