@@ -404,3 +404,15 @@ def test_resolve_resume_bad_paths(tmp_path):
     with pytest.raises(BadInput) as e:
         resolve_resume(gone, rd)
     assert "no such path" in one_line(e)
+
+
+def test_zero_size_arrays_round_trip(tmp_path):
+    # MJX states carry zero-size arrays (no contacts); orbax alone hangs on them.
+    from rlinf_jax.runtime import Checkpointer
+
+    state = {"empty": np.zeros((4, 0, 3), np.float32), "ids": np.zeros((0,), np.int32), "x": np.arange(3.0)}
+    ckpt = Checkpointer(tmp_path / "ckpt", keep=2)
+    ckpt.save(1, state)
+    restored, _ = ckpt.restore(1, state)
+    assert restored["empty"].shape == (4, 0, 3) and restored["ids"].dtype == np.int32
+    np.testing.assert_array_equal(restored["x"], state["x"])

@@ -168,3 +168,13 @@ def test_one_and_eight_devices_agree():
     np.testing.assert_allclose(out["1"]["params"], out["8"]["params"], rtol=2e-4, atol=2e-4)
     for key, value in out["1"]["metrics"].items():
         np.testing.assert_allclose(out["8"]["metrics"][key], value, rtol=2e-3, atol=2e-3, err_msg=key)
+
+
+@pytest.mark.slow
+def test_playground_env_trains_checkpoints_and_resumes(tmp_path, tiny, capsys):
+    # MJX states hold zero-size arrays and hundreds of leaves: the checkpoint path must cope.
+    pg = [*tiny, "env.suite=playground", "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"]
+    assert main([*pg, "runner.max_steps=2", "runner.save_interval=1"]) == 0
+    assert main([*pg, "runner.max_steps=3", "runner.save_interval=1", "runner.resume=auto"]) == 0
+    assert "resumed from step 2" in capsys.readouterr().out
+    assert Checkpointer(tmp_path / "t" / "checkpoints").latest_step() == 3

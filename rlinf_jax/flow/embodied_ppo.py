@@ -27,7 +27,7 @@ from rlinf_jax.envs.base import Env, EnvState
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
-from rlinf_jax.sharding import DATA_AXIS, replicate, shard_batch
+from rlinf_jax.sharding import DATA_AXIS, batch_sharding, replicate, shard_batch
 
 
 @struct.dataclass
@@ -306,7 +306,13 @@ class PPOTrainer:
         def policy(obs):
             return mlp.act_deterministic(model, self.normalize(stats, obs))
 
-        ret, length = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length)
+        def place(state):
+            bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())
+            return jax.tree.map(
+                lambda x: jax.lax.with_sharding_constraint(x, bs if x.ndim else rep), state
+            )
+
+        ret, length = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length, place)
         return {
             "eval/return": jnp.mean(ret),
             "eval/return_std": jnp.std(ret),

@@ -60,12 +60,19 @@ def unroll(
     return jax.lax.scan(step, env_state, jax.random.split(key, length))
 
 
-def evaluate_policy(env: Env, policy: Callable[[jax.Array], jax.Array], key: jax.Array, max_steps: int):
+def evaluate_policy(
+    env: Env,
+    policy: Callable[[jax.Array], jax.Array],
+    key: jax.Array,
+    max_steps: int,
+    place: Callable[[EnvState], EnvState] = lambda s: s,
+):
     """Runs one episode in every env (no auto-reset) and returns per-env (return, length).
 
     A `while_loop` stops as soon as every episode is over, so early failures are cheap.
+    ``place`` pins the initial state's layout (e.g. shards the env batch over devices).
     """
-    state = env.reset(key)
+    state = place(env.reset(key))
     zeros = jnp.zeros_like(state.reward)
 
     def cond(carry):

@@ -63,6 +63,18 @@ def _as_restorable(tree):
     return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, np.generic) else x, tree)
 
 
+def _placeholder(x):
+    # Orbax hangs on zero-size arrays (MJX states are full of them: no contacts, no
+    # tendons). They hold no data, so one element of the same dtype stands in for them and
+    # the real empty array comes back from the restore target.
+    size = int(np.prod(np.shape(x)))
+    return np.zeros((1,), np.dtype(x.dtype)) if size == 0 and hasattr(x, "dtype") else x
+
+
+def _is_empty(x) -> bool:
+    return hasattr(x, "dtype") and int(np.prod(np.shape(x))) == 0
+
+
 def _short(e: BaseException) -> str:
     # Tensorstore errors carry a kilobyte of JSON spec after the useful part.
     text = str(e).split(" [tensorstore_spec", 1)[0]
@@ -177,7 +189,9 @@ class Checkpointer:
             mngr.delete(step)
         mngr.save(
             step,
-            args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}),
+            args=ocp.args.Composite(
+                **{STATE: ocp.args.StandardSave(jax.tree.map(_placeholder, state)), META: ocp.args.JsonSave(meta)}
+            ),
             force=True,
         )
         mngr.wait_until_finished()
@@ -221,6 +235,9 @@ class Checkpointer:
                 f"no checkpoint for step {step} in {self.directory}; available steps: {', '.join(map(str, steps))}"
             )
         target = _as_restorable(target)
+        empty_target = target
+        if target is not None:
+            target = jax.tree.map(_placeholder, target)
         mngr = self._mngr()
         mngr.reload()
         try:
@@ -235,7 +252,12 @@ class Checkpointer:
             )
         except Exception as e:
             raise self._corrupt(step, steps, e) from e
-        return restored[STATE], dict(restored[META] or {})
+        state = restored[STATE]
+        if empty_target is not None:
+            state = jax.tree.map(
+                lambda t, r: jax.numpy.zeros(t.shape, t.dtype) if _is_empty(t) else r, empty_target, state
+            )
+        return state, dict(restored[META] or {})
 
     def _corrupt(self, step: int, steps: list[int], e: BaseException) -> BadInput:
         others = [s for s in steps if s != step]
