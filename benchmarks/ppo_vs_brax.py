@@ -3,8 +3,8 @@
 
 Both trainers run in this one process, on the same env (``brax.envs``), the same
 backend, the same XLA flags and the same devices, with the same hyperparameters, one
-after the other in a fixed order (``--order``; printed). For each side the script
-reports
+after the other in a fixed order (``--order``; with ``--repeats`` the order alternates;
+printed). For each side the script reports
 
 * ``steady_steps_per_sec``: env steps of the training epochs/chunks after the first
   divided by their wall time (compile, the first epoch and all evaluations excluded);
@@ -642,7 +642,8 @@ def main(argv=None) -> int:
     if shimmed:
         log(
             "note: jax.device_put_replicated was removed in this JAX; a compatibility shim "
-            "(NamedSharding over the devices, one slice per device) was installed for brax's ppo.train"
+            f"(NamedSharding over the devices on mesh axis {BRAX_PMAP_AXIS!r}, one slice per device) was "
+            "installed for brax's ppo.train"
         )
     log(
         f"hyperparameters: num_envs {args.num_envs}, unroll_length {args.unroll_length}, batch_size "
