@@ -28,6 +28,9 @@ class RunnerConfig:
     max_nonfinite_updates: int = 10
     progress_bar: bool = True
     tensorboard: bool = True
+    # JAX's persistent compilation cache: a rerun or a resume loads its compiled programs
+    # instead of compiling them again. "" turns it off.
+    compilation_cache: str = "~/.cache/rlinf_jax/jax"
 
 
 @dataclass

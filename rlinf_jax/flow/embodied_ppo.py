@@ -11,7 +11,6 @@ over the mesh's ``data`` axis and parameters are replicated, so the same program
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -185,18 +184,14 @@ class PPOTrainer:
         truncations = final_values = None
         if alg.bootstrap_on_truncation:
             truncations = traj.truncated
-
-            # Truncations are rare: pay a critic pass only on steps that have one.
-            def final_value(x):
-                final_obs, truncated = x
-                return jax.lax.cond(
-                    jnp.any(truncated > 0),
-                    lambda o: model.critic(self.normalize(stats, o)),
-                    lambda o: jnp.zeros(o.shape[:1], o.dtype),
-                    final_obs,
-                )
-
-            final_values = jax.lax.map(final_value, (traj.final_obs, traj.truncated))
+            # Truncations are rare (once per episode_length steps): pay the critic pass over
+            # the final observations only in iterations that have one.
+            final_values = jax.lax.cond(
+                jnp.any(truncations > 0),
+                lambda o: model.critic(self.normalize(stats, o.reshape(T * B, -1))).reshape(T, B),
+                lambda o: jnp.zeros((T, B), o.dtype),
+                traj.final_obs,
+            )
         rewards = traj.reward * alg.reward_scale
         adv, ret = self.advantage_fn(
             rewards, values, traj.done, last_value, alg.gamma, alg.gae_lambda, truncations, final_values
@@ -250,7 +245,7 @@ class PPOTrainer:
             params = _select(ok, new_params, params)
             opt_state = _select(ok, new_opt_state, opt_state)
             metrics = jax.tree.map(lambda x: jnp.where(ok, x, 0.0), metrics)
-            metrics["train/grad_norm"] = jnp.where(ok, optax.global_norm(grads), 0.0)
+            metrics["train/grad_norm"] = jnp.where(ok, optax.tree.norm(grads), 0.0)
             metrics["train/ok_updates"] = ok.astype(jnp.float32)
             return (params, opt_state, k), metrics
 

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.embodied_ppo import PPOTrainer, TrainState
-from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume  # noqa
+from rlinf_jax.flow.embodied_ppo import PPOTrainer
+from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
 from rlinf_jax.runtime.progress import progress_bar
 from rlinf_jax.sharding import data_mesh, resolve_num_devices
 
@@ -53,6 +53,13 @@ def _due(step: int, interval: int, final: bool) -> bool:
     return final or (interval > 0 and step % interval == 0)
 
 
+def enable_compilation_cache(directory: str) -> None:
+    if directory:
+        jax.config.update("jax_compilation_cache_dir", str(Path(directory).expanduser()))
+        # Only programs worth caching: the fused iteration and the eval loop, not tiny ops.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def build_trainer(cfg: Config) -> PPOTrainer:
     env = make_env(cfg.env)
     eval_env = make_eval_env(cfg.env)
@@ -63,6 +70,7 @@ def build_trainer(cfg: Config) -> PPOTrainer:
 def run(cfg: Config, console=None) -> RunSummary:
     """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
     t_start = time.perf_counter()
+    enable_compilation_cache(cfg.runner.compilation_cache)
     trainer = build_trainer(cfg)
     run_dir = RunDir.from_config(cfg)
     resume_path = resolve_resume(cfg, run_dir)
