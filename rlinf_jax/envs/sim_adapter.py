@@ -1,0 +1,81 @@
+"""What every simulator adapter shares: library state in, unbatched `EnvState` out.
+
+Brax and MuJoCo Playground states both carry ``obs``, ``reward``, ``done`` and
+``metrics``; a subclass only loads its library's env (through `_load`) and names itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from rlinf_jax.envs.base import EnvState
+from rlinf_jax.errors import BadInput
+
+
+def missing_asset_error(exc: Exception, what: str) -> BadInput | None:
+    """A BadInput for a load failure caused by a missing model file, else None.
+
+    MuJoCo reports a missing XML/mesh as a ValueError ("Error opening file ..."), Python
+    file reads as OSError; anything else is a real bug and must propagate unchanged.
+    """
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, OSError):
+        path = getattr(exc, "filename", None) or msg
+        return BadInput(f"{what}: asset file missing: {path} (reinstall the package that ships it)")
+    if isinstance(exc, ValueError) and any(
+        s in str(exc) for s in ("Error opening file", "resource not found", "No such file")
+    ):
+        return BadInput(f"{what}: asset file missing: {msg} (reinstall the package that ships it)")
+    return None
+
+
+class SimAdapter:
+    """One simulator env, no batch axis; `sim` is the library's own state.
+
+    The library's ``done`` is a termination; time limits are added by `TimeLimit`. A
+    ``success`` metric, where the env has one, is exposed as ``info["success"]``.
+    """
+
+    num_envs = 1  # unbatched: leaves have no leading env axis
+
+    def _load(self, what: str, load: Callable[[], object]) -> None:
+        try:
+            self._env = load()
+        except (OSError, ValueError) as exc:
+            err = missing_asset_error(exc, what)
+            if err is None:
+                raise
+            raise err from exc
+        # The libraries' observation_size runs a real (eager) reset; a shape trace is enough.
+        shapes = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+        if isinstance(shapes.obs, Mapping):
+            raise BadInput(f"{what} has dict observations, which are not supported")
+        self.observation_size = int(shapes.obs.shape[-1])
+        self.action_size = int(self._env.action_size)
+        self._has_success = "success" in shapes.metrics
+
+    def _wrap(self, s, info: dict) -> EnvState:
+        info = dict(info)
+        if self._has_success:
+            info["success"] = jnp.asarray(s.metrics["success"], jnp.float32)
+        return EnvState(
+            obs=jnp.asarray(s.obs, jnp.float32),
+            reward=jnp.asarray(s.reward, jnp.float32),
+            done=jnp.asarray(s.done, jnp.float32),
+            truncated=jnp.zeros((), jnp.float32),
+            info=info,
+            sim=s,
+        )
+
+    def reset(self, key: jax.Array) -> EnvState:
+        return self._wrap(self._env.reset(key), {})
+
+    def step(self, state: EnvState, action: jax.Array) -> EnvState:
+        return self._wrap(self._env.step(state.sim, action), state.info)
+
+    @property
+    def unwrapped(self):
+        return self
