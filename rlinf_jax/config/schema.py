@@ -24,7 +24,7 @@ class RunnerConfig:
     # "none", "auto" (latest checkpoint of this run directory) or a checkpoint path.
     resume: str = "none"
     keep_checkpoints: int = 3
-    # Stop with an error when a non-finite update happens this many times in a row.
+    # Stop with an error after this many iterations in a row with a skipped (non-finite) update.
     max_nonfinite_updates: int = 10
     progress_bar: bool = True
     tensorboard: bool = True
