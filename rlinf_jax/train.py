@@ -16,7 +16,7 @@ def _parse_args(argv):
     parser.add_argument("--list-recipes", action="store_true", help="print the available recipes and exit")
     parser.add_argument("--list-envs", action="store_true", help="print the available envs and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def _print_summary(summary, console):

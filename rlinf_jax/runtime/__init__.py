@@ -3,6 +3,7 @@
 from rlinf_jax.runtime.checkpoint import (
     Checkpointer,
     ResumePoint,
+    find_checkpoint,
     list_steps,
     resolve_resume,
     restore_checkpoint,
@@ -14,6 +15,7 @@ __all__ = [
     "Checkpointer",
     "MetricsLogger",
     "ResumePoint",
+    "find_checkpoint",
     "RunDir",
     "list_steps",
     "read_metrics",

@@ -310,9 +310,17 @@ def resolve_resume(cfg, run_dir) -> ResumePoint | None:
         step = Checkpointer(run_dir.checkpoints).latest_step()
         return None if step is None else ResumePoint(Path(run_dir.checkpoints).absolute(), step)
 
-    path = Path(resume).absolute()
+    return find_checkpoint(resume, "runner.resume")
+
+
+def find_checkpoint(path: str | os.PathLike, what: str) -> ResumePoint:
+    """The checkpoint a user path means: a step folder (``.../checkpoints/100``), a
+    checkpoints folder (its latest step) or a run folder holding ``checkpoints/`` (its
+    latest step). ``what`` names the setting in error messages."""
+    given = str(path)
+    path = Path(path).absolute()
     if not path.exists():
-        raise BadInput(f"runner.resume={resume!r}: no such path; use none, auto, or an existing checkpoint path")
+        raise BadInput(f"{what}={given!r}: no such path; give a run folder or a checkpoint path")
     if path.name.isdigit() and int(path.name) in list_steps(path.parent):
         return ResumePoint(path.parent, int(path.name))
     for candidate in (path, path / "checkpoints"):
@@ -320,6 +328,6 @@ def resolve_resume(cfg, run_dir) -> ResumePoint | None:
         if steps:
             return ResumePoint(candidate, steps[-1])
     raise BadInput(
-        f"runner.resume={resume!r} holds no finished checkpoint; point it at a step folder "
+        f"{what}={given!r} holds no finished checkpoint; point it at a step folder "
         "(.../checkpoints/<step>), a checkpoints folder, or a run folder"
     )
