@@ -60,6 +60,13 @@ def main(argv=None) -> int:
         except TrainingDiverged as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print(
+                f"interrupted: continue from the last checkpoint with runner.resume=auto "
+                f"(run dir {cfg.runner.output_dir}/{cfg.runner.experiment_name})",
+                file=sys.stderr,
+            )
+            return 130
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
