@@ -68,17 +68,17 @@ def test_ppo_policy_loss_hand_example():
     logp = np.array([0.5, -0.5, 0.0])
     old = np.zeros(3)
     adv = np.array([1.0, -2.0, 3.0])
-    loss, m = ppo_policy_loss(logp, old, adv, 0.2)
+    loss, m = ppo_policy_loss(logp, old, adv, clip_low=0.2, clip_high=0.2)
     assert float(loss) == pytest.approx(-(1.2 - 1.6 + 3.0) / 3, rel=1e-5)
-    assert float(m["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(m["clip_fraction"]) == pytest.approx(2 / 3)
     kl = np.mean((np.exp(logp) - 1) - logp)
     assert float(m["approx_kl"]) == pytest.approx(kl, rel=1e-5)
 
 
 def test_ppo_policy_loss_mask_ignores_padding():
-    loss, _ = ppo_policy_loss(np.array([0.0, 5.0]), np.zeros(2), np.array([2.0, 100.0]), 0.2, mask=np.array([1.0, 0.0]))
+    loss, _ = ppo_policy_loss(np.array([0.0, 5.0]), np.zeros(2), np.array([2.0, 100.0]), mask=np.array([1.0, 0.0]))
     assert float(loss) == pytest.approx(-2.0)
 
 
 def test_value_loss_hand_example():
-    assert float(value_loss(np.array([1.0, 3.0]), np.array([0.0, 1.0]))) == pytest.approx(0.5 * (1 + 4) / 2)
+    assert float(value_loss(np.array([1.0, 3.0]), None, np.array([0.0, 1.0]))) == pytest.approx(0.5 * (1 + 4) / 2)

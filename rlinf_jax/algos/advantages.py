@@ -43,3 +43,122 @@ def gae(rewards, values, dones, last_value, gamma, lam, truncations=None, final_
         backward, jnp.zeros_like(last_value), (deltas, dones), reverse=True
     )
     return advantages, advantages + values
+
+
+# --------------------------------------------------------------------------------------
+# Outcome-reward estimators on groups of sequences (GRPO, Dr. GRPO, RLOO, REINFORCE++).
+# ``rewards`` is ``[N]`` with groups contiguous: ``rewards.reshape(-1, group_size)``.
+# Sequence data is ``[B, L]`` with a 0/1 ``mask`` over valid tokens.
+# --------------------------------------------------------------------------------------
+
+
+def _groups(rewards, group_size):
+    rewards = jnp.asarray(rewards, jnp.float32)
+    group_size = int(group_size)
+    if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
+        raise ValueError(
+            f"rewards of shape {rewards.shape} do not split into groups of {group_size}"
+        )
+    return rewards.reshape(-1, group_size)
+
+
+def grpo(rewards, group_size, eps=1e-6, normalize_std=True):
+    """GRPO outcome advantages (Shao et al., 2024, DeepSeekMath), one per sequence.
+
+    A_i = (r_i - mean_g(r)) / (std_g(r) + eps), std unbiased (ddof=1).
+    ``normalize_std=False`` gives A_i = r_i - mean_g(r) (Dr. GRPO, Liu et al., 2025).
+    A group whose rewards are all equal (including group_size=1) gets exact zeros.
+    Returns ``[N]``.
+    """
+    g = _groups(rewards, group_size)
+    n = g.shape[1]
+    mean = jnp.mean(g, axis=1, keepdims=True)
+    centred = g - mean
+    all_equal = jnp.max(g, axis=1, keepdims=True) == jnp.min(g, axis=1, keepdims=True)
+    if normalize_std:
+        if n > 1:
+            std = jnp.sqrt(jnp.sum(jnp.square(centred), axis=1, keepdims=True) / (n - 1))
+        else:
+            std = jnp.zeros_like(mean)
+        adv = centred / (std + eps)
+    else:
+        adv = centred
+    return jnp.where(all_equal, 0.0, adv).reshape(-1)
+
+
+def dr_grpo(rewards, group_size, eps=1e-6):
+    """Dr. GRPO (Liu et al., 2025): ``grpo`` without the std division, A_i = r_i - mean_g(r)."""
+    return grpo(rewards, group_size, eps=eps, normalize_std=False)
+
+
+def rloo(rewards, group_size):
+    """REINFORCE leave-one-out (Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
+
+    Needs group_size >= 2. Returns ``[N]``.
+    """
+    g = _groups(rewards, group_size)
+    n = g.shape[1]
+    if n < 2:
+        raise ValueError("rloo needs group_size >= 2 (a leave-one-out baseline)")
+    total = jnp.sum(g, axis=1, keepdims=True)
+    return (g - (total - g) / (n - 1)).reshape(-1)
+
+
+def _reward_to_go(token_rewards, mask, gamma):
+    """G_t = sum over valid k >= t of gamma^(#valid tokens in [t, k)) r_k; 0 at padding.
+
+    The discount counts valid tokens only, so a padding gap inside a sequence neither
+    discounts nor contributes.
+    """
+    r = jnp.asarray(token_rewards, jnp.float32)
+    m = jnp.asarray(mask, jnp.float32)
+    r = jnp.where(m > 0, r, 0.0)
+
+    def step(carry, x):
+        rt, mt = x
+        g = jnp.where(mt > 0, rt + gamma * carry, carry)
+        return g, g
+
+    _, out = jax.lax.scan(step, jnp.zeros(r.shape[0], jnp.float32), (r.T, m.T), reverse=True)
+    return jnp.where(m > 0, out.T, 0.0)
+
+
+def _whiten(x, mask, eps):
+    m = jnp.asarray(mask, jnp.float32)
+    valid = m > 0
+    count = jnp.maximum(jnp.sum(valid), 1)
+    x = jnp.where(valid, x, 0.0)
+    mean = jnp.sum(x) / count
+    var = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0)) / count
+    return jnp.where(valid, (x - mean) / jnp.sqrt(var + eps), 0.0)
+
+
+def reinforce_pp(token_rewards, mask, gamma=1.0, eps=1e-8):
+    """REINFORCE++ (Hu, 2025): discounted reward-to-go, whitened over the batch's tokens.
+
+    G_t = per-sequence discounted reward-to-go over masked tokens (``[B, L]``);
+    A = (G - mean) / sqrt(var + eps), mean and population variance over all masked tokens
+    of the batch. Padding positions get 0.
+    """
+    return _whiten(_reward_to_go(token_rewards, mask, gamma), mask, eps)
+
+
+def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8):
+    """REINFORCE++-baseline: subtract the group-mean sequence reward first, then ``reinforce_pp``.
+
+    Sequence reward s_i = sum_t r_{i,t} m_{i,t}; b_i = mean of s over i's group (rows
+    contiguous, ``group_size`` per group). b_i is subtracted from the reward of the last
+    valid token of sequence i, so with gamma = 1 every G_t drops by exactly b_i. Then the
+    reward-to-go is whitened over the batch as in ``reinforce_pp``.
+    """
+    r = jnp.asarray(token_rewards, jnp.float32)
+    m = jnp.asarray(mask, jnp.float32)
+    r = jnp.where(m > 0, r, 0.0)
+    seq = jnp.sum(r, axis=1)
+    baseline = jnp.repeat(jnp.mean(_groups(seq, group_size), axis=1), int(group_size))
+    L = r.shape[1]
+    valid = m > 0
+    last = L - 1 - jnp.argmax(valid[:, ::-1], axis=1)
+    onehot = (jnp.arange(L)[None, :] == last[:, None]) & valid
+    r = r - onehot * baseline[:, None]
+    return reinforce_pp(r, m, gamma=gamma, eps=eps)

@@ -206,8 +206,10 @@ class PPOTrainer:
         adv = batch["advantage"]
         if alg.normalize_advantages:
             adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
-        pg_loss, pg_metrics = self.policy_loss_fn(logprob, batch["logprob"], adv, alg.clip_eps)
-        v_loss = value_loss(value, batch["return"])
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            logprob, batch["logprob"], adv, clip_low=alg.clip_eps, clip_high=alg.clip_eps
+        )
+        v_loss = value_loss(value, None, batch["return"])
         ent = entropy_bonus(entropy)
         total = pg_loss + alg.value_coef * v_loss - alg.entropy_coef * ent
         return total, {
@@ -216,7 +218,7 @@ class PPOTrainer:
             "train/value_loss": v_loss,
             "train/entropy": ent,
             "train/approx_kl": pg_metrics["approx_kl"],
-            "train/clip_frac": pg_metrics["clip_frac"],
+            "train/clip_frac": pg_metrics["clip_fraction"],
         }
 
     def _update(self, ts: TrainState, traj: Transition, advantages, returns, key):

@@ -1,0 +1,39 @@
+"""DAPO (Yu et al., 2025): the four parts of Decoupled clip and Dynamic sAmpling Policy Optimization.
+
+1. Clip-higher: an asymmetric clip range, ``ppo_policy_loss(..., clip_low=0.2,
+   clip_high=0.28)`` (``rlinf_jax.algos.losses``); there is no separate function.
+2. Token-level policy-gradient loss: ``agg="token-mean"`` (sum over all valid tokens of
+   the batch divided by their count), the default of ``ppo_policy_loss``.
+3. Overlong reward shaping: ``overlong_penalty`` below, added to the outcome reward.
+4. Dynamic sampling: ``informative_groups`` below marks prompt groups whose rewards are
+   not all equal (an all-equal group has zero GRPO advantage, hence no gradient); the
+   reasoning runner keeps sampling new groups, at most ``algorithm.max_resample`` rounds,
+   until the batch is full of informative ones.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from rlinf_jax.algos.advantages import _groups
+
+
+def overlong_penalty(lengths, max_len, cache_len):
+    """Soft overlong punishment (DAPO eq. 13) for response lengths ``lengths`` ``[N]``.
+
+    0 for L <= max_len - cache_len; (max_len - cache_len - L) / cache_len for
+    max_len - cache_len < L <= max_len (linear from 0 down to -1); -1 for L > max_len.
+    """
+    L = jnp.asarray(lengths, jnp.float32)
+    start = max_len - cache_len
+    ramp = (start - L) / max(cache_len, 1)
+    return jnp.where(L <= start, 0.0, jnp.where(L <= max_len, ramp, -1.0))
+
+
+def informative_groups(rewards, group_size):
+    """``[N // group_size]`` bool: True for groups whose rewards are not all equal.
+
+    Per-sample mask: ``jnp.repeat(informative_groups(r, g), g)``.
+    """
+    g = _groups(rewards, group_size)
+    return jnp.max(g, axis=1) != jnp.min(g, axis=1)
