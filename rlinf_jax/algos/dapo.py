@@ -8,7 +8,8 @@
 4. Dynamic sampling: ``informative_groups`` below marks prompt groups whose rewards are
    not all equal (an all-equal group has zero GRPO advantage, hence no gradient); the
    reasoning runner keeps sampling new groups, at most ``algorithm.max_resample`` rounds,
-   until the batch is full of informative ones.
+   until the batch is full of informative ones
+   (``rlinf_jax.flow.dynamic_sampling.collect_informative_groups``).
 """
 
 from __future__ import annotations
