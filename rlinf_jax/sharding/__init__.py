@@ -9,5 +9,29 @@ from rlinf_jax.sharding.mesh import (
     resolve_num_devices,
     shard_batch,
 )
+from rlinf_jax.sharding.placement import (
+    ComponentPlacement,
+    Placement,
+    component_mesh,
+    derive_mode,
+    parse_ranks,
+    preset,
+    resolve_placement,
+)
 
-__all__ = ["DATA_AXIS", "batch_sharding", "data_mesh", "replicate", "replicated", "resolve_num_devices", "shard_batch"]
+__all__ = [
+    "DATA_AXIS",
+    "ComponentPlacement",
+    "Placement",
+    "batch_sharding",
+    "component_mesh",
+    "data_mesh",
+    "derive_mode",
+    "parse_ranks",
+    "preset",
+    "replicate",
+    "replicated",
+    "resolve_num_devices",
+    "resolve_placement",
+    "shard_batch",
+]

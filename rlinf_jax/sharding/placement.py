@@ -1,0 +1,166 @@
+"""Component placement: which devices each component (env, rollout, actor, ...) runs on.
+
+The syntax is RLinf's ``cluster.component_placement``: keys are comma-joined component
+names, values are device ranks counted over all devices of all hosts:
+
+    {"actor,rollout,env": "all"}                       collocated
+    {"env": "0-3", "rollout": "4-7", "actor": "0-7"}   hybrid
+    {"env": "0-1", "rollout": "2-3", "actor": "4-7"}   disaggregated
+
+The mode follows from the sets: all identical = collocated; pairwise disjoint =
+disaggregated; anything else = hybrid. A placement is plain data; meshes are built from
+it per component (`component_mesh`), each with its own shape and axis names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rlinf_jax.errors import BadInput
+
+MESH_AXES = ("data", "fsdp", "tensor")
+MODES = ("collocated", "disaggregated", "hybrid")
+
+
+def parse_ranks(spec, num_devices: int, where: str = "cluster.component_placement") -> tuple[int, ...]:
+    """``all``, ``3``, ``0-3``, ``0,2,5`` or ``0-3,6`` -> sorted unique device ranks."""
+    text = str(spec).strip()
+    if text == "all":
+        return tuple(range(num_devices))
+    ranks: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                ranks.update(range(lo, hi + 1))
+            else:
+                ranks.add(int(part))
+        except ValueError:
+            raise BadInput(
+                f"{where}: cannot read device ranks {text!r}; use all, 3, 0-3, 0,2,5 or 0-3,6"
+            ) from None
+    bad = sorted(r for r in ranks if not 0 <= r < num_devices)
+    if bad:
+        raise BadInput(f"{where}: device rank {bad[0]} is out of range; {num_devices} device(s) exist (0-{num_devices - 1})")
+    return tuple(sorted(ranks))
+
+
+@dataclass(frozen=True)
+class ComponentPlacement:
+    devices: tuple[int, ...]
+    mesh_shape: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.mesh_shape)
+
+
+@dataclass(frozen=True)
+class Placement:
+    mode: str
+    components: dict[str, ComponentPlacement]
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode,
+            "components": {
+                name: {"devices": list(c.devices), "mesh_shape": dict(c.mesh_shape), "axis_names": list(c.axis_names)}
+                for name, c in self.components.items()
+            },
+        }
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def derive_mode(sets: dict[str, tuple[int, ...]]) -> str:
+    groups = [set(s) for s in sets.values()]
+    if all(g == groups[0] for g in groups):
+        return "collocated"
+    if all(a.isdisjoint(b) for i, a in enumerate(groups) for b in groups[i + 1 :]):
+        return "disaggregated"
+    return "hybrid"
+
+
+def preset(name: str, components: tuple[str, ...], num_devices: int) -> dict[str, str]:
+    """Sensible splits of the devices for the common layouts.
+
+    collocated: everything everywhere. disaggregated: the components take disjoint,
+    near-equal slices in the order given (needs a device per component). hybrid: the
+    last component (the learner) spans all devices and the others split them.
+    """
+    everything = f"0-{num_devices - 1}"
+    if name == "collocated":
+        return {",".join(components): everything}
+    if name in ("disaggregated", "hybrid"):
+        sharers = components if name == "disaggregated" else components[:-1]
+        if len(sharers) > num_devices or (name == "hybrid" and len(components) < 2):
+            raise BadInput(
+                f"cluster.component_placement={name}: {len(sharers)} component(s) to split over {num_devices} device(s); "
+                "use collocated or more devices"
+            )
+        bounds = np.linspace(0, num_devices, len(sharers) + 1).round().astype(int)
+        out = {c: f"{lo}-{hi - 1}" for c, lo, hi in zip(sharers, bounds[:-1], bounds[1:])}
+        if name == "hybrid":
+            out[components[-1]] = everything
+        return out
+    raise BadInput(f"cluster.component_placement={name!r} is not a preset; choose collocated, disaggregated or hybrid, or give a mapping")
+
+
+def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshes: dict | None = None) -> Placement:
+    """Reads a placement (a preset name or a mapping) for exactly ``components``.
+
+    ``meshes`` maps a component to its mesh shape, e.g. ``{"actor": {"data": 2, "fsdp": 2}}``;
+    a component without one gets ``{"data": <its device count>}``.
+    """
+    if isinstance(spec, str):
+        spec = preset(spec, components, num_devices)
+    sets: dict[str, tuple[int, ...]] = {}
+    for key, ranks in dict(spec).items():
+        parsed = parse_ranks(ranks, num_devices, f"cluster.component_placement.{key}")
+        for name in (n.strip() for n in str(key).split(",")):
+            if name not in components:
+                raise BadInput(f"cluster.component_placement: unknown component {name!r}; this recipe has {', '.join(components)}")
+            if name in sets:
+                raise BadInput(f"cluster.component_placement: component {name!r} is placed twice")
+            sets[name] = parsed
+    missing = [c for c in components if c not in sets]
+    if missing:
+        raise BadInput(f"cluster.component_placement: no devices for {', '.join(missing)}; every component needs a placement")
+
+    meshes = dict(meshes or {})
+    unknown = [c for c in meshes if c not in components]
+    if unknown:
+        raise BadInput(f"cluster.mesh: unknown component {unknown[0]!r}; this recipe has {', '.join(components)}")
+    placed = {}
+    for name in components:
+        shape = {str(k): int(v) for k, v in dict(meshes.get(name) or {"data": len(sets[name])}).items()}
+        bad_axes = [a for a in shape if a not in MESH_AXES]
+        if bad_axes:
+            raise BadInput(f"cluster.mesh.{name}: unknown axis {bad_axes[0]!r}; axes are {', '.join(MESH_AXES)}")
+        if any(v < 1 for v in shape.values()) or math.prod(shape.values()) != len(sets[name]):
+            raise BadInput(
+                f"cluster.mesh.{name}={shape} holds {math.prod(shape.values())} devices but {name} is placed on "
+                f"{len(sets[name])}; make the axis sizes multiply to {len(sets[name])}"
+            )
+        placed[name] = ComponentPlacement(sets[name], shape)
+    return Placement(derive_mode(sets), placed)
+
+
+def component_mesh(placement: Placement, name: str, devices=None):
+    """A `jax.sharding.Mesh` over the component's devices with its axis names (Auto axes)."""
+    import jax
+    from jax.sharding import AxisType, Mesh
+
+    devices = jax.devices() if devices is None else devices
+    c = placement.components[name]
+    grid = np.array([devices[r] for r in c.devices]).reshape(tuple(c.mesh_shape.values()))
+    return Mesh(grid, c.axis_names, axis_types=(AxisType.Auto,) * len(c.axis_names))
