@@ -18,6 +18,7 @@ from rlinf_jax.sharding.placement import (
     preset,
     resolve_placement,
 )
+from rlinf_jax.sharding.reshard import reshard, sync_weights
 
 __all__ = [
     "DATA_AXIS",
@@ -31,7 +32,9 @@ __all__ = [
     "preset",
     "replicate",
     "replicated",
+    "reshard",
     "resolve_num_devices",
     "resolve_placement",
     "shard_batch",
+    "sync_weights",
 ]
