@@ -45,6 +45,9 @@ def test_default_recipe_learns(tmp_path, capsys):
     assert first_return < 100, first_return
     assert final_eval > 500, records[-1]
     assert "time/env_steps_per_sec" in records[-1] and "time/compile_sec" in records[0]
+    placement = json.loads((tmp_path / "ppo_brax_inverted_pendulum" / "placement.json").read_text())
+    assert placement["mode"] == "collocated"
+    assert placement["components"]["actor"]["mesh_shape"] == {"data": jax.device_count()}
 
 
 @pytest.mark.slow

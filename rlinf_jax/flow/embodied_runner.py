@@ -21,7 +21,9 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.embodied_ppo import PPOTrainer
 from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
 from rlinf_jax.runtime.progress import progress_bar
-from rlinf_jax.sharding import data_mesh, resolve_num_devices
+from rlinf_jax.sharding import Placement, data_mesh, resolve_num_devices, resolve_placement
+
+EMBODIED_COMPONENTS = ("env", "rollout", "actor")
 
 
 class TrainingDiverged(RuntimeError):
@@ -60,6 +62,12 @@ def enable_compilation_cache(directory: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def _placement(trainer: PPOTrainer) -> Placement:
+    """The fused runner is collocated: env, rollout and actor share the data mesh."""
+    n = trainer.mesh.devices.size
+    return resolve_placement({"env,rollout,actor": f"0-{n - 1}"}, EMBODIED_COMPONENTS, jax.device_count())
+
+
 def build_trainer(cfg: Config) -> PPOTrainer:
     env = make_env(cfg.env)
     eval_env = make_eval_env(cfg.env)
@@ -90,6 +98,7 @@ def run(cfg: Config, console=None) -> RunSummary:
         resumed_from = int(ts.step)
 
     run_dir.create(cfg)
+    _placement(trainer).write(run_dir.path / "placement.json")
     logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard)
     checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
     if resumed_from is not None:
