@@ -274,8 +274,8 @@ class PPOTrainer:
     # ----------------------------------------------------------------- chunks
     def _run_chunk(self, ts: TrainState, num_iterations):
         """Runs ``num_iterations`` (a traced int: one compile for every chunk length)."""
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(self._iteration, ts)[1])
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+        shapes = jax.eval_shape(self._iteration, ts)[1]
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         def body(i, carry):
             ts, sums = carry
