@@ -74,6 +74,11 @@ def _schema_sections(cls=Config, prefix: str = "") -> set[str]:
 
 LEAVES = _schema_leaves()
 SECTIONS = _schema_sections()
+# Leaves that hold free-form mappings (component names, mesh axes, logical axes); their
+# keys are checked against the recipe's components when the placement is resolved.
+OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules"}
+FLOW_RUNNERS = ("fused", "staged", "auto")
+PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
 
 
 def _type_phrase(tp) -> str:
@@ -128,6 +133,8 @@ def _check_keys(tree: dict, where: str, prefix: str = "") -> None:
     """Every key of ``tree`` must be a schema section (holding a mapping) or leaf."""
     for key, value in tree.items():
         path = f"{prefix}{key}"
+        if path in OPEN_LEAVES:
+            continue
         if path in SECTIONS:
             if not isinstance(value, dict):
                 example = next(k for k in LEAVES if k.startswith(path + "."))
@@ -418,3 +425,25 @@ def validate(cfg: Config) -> None:
         nd == "all" or (nd.isdigit() and int(nd) >= 1),
         f"cluster.num_devices={nd!r} must be 'all' or a positive integer, e.g. cluster.num_devices=1",
     )
+    cp = cfg.cluster.component_placement
+    if isinstance(cp, dict):
+        _require(bool(cp), "cluster.component_placement is an empty mapping; name a preset or map components to devices")
+    else:
+        _require(
+            cp in PLACEMENT_PRESETS,
+            f"cluster.component_placement={_show(cp)} is neither a preset ({', '.join(PLACEMENT_PRESETS)}) nor a "
+            "mapping like {env: 0-3, rollout: 4-7, actor: all}",
+        )
+    for name, shape in cfg.cluster.mesh.items():
+        _require(
+            isinstance(shape, dict) and all(isinstance(v, int) for v in shape.values()),
+            f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
+        )
+    f = cfg.flow
+    _require(f.runner in FLOW_RUNNERS, f"flow.runner={f.runner!r} is unknown; choose one of {', '.join(FLOW_RUNNERS)}")
+    _require(f.num_micro_batches >= 1, f"flow.num_micro_batches={f.num_micro_batches} must be >= 1")
+    _require(
+        e.num_envs % f.num_micro_batches == 0,
+        f"env.num_envs={e.num_envs} is not divisible by flow.num_micro_batches={f.num_micro_batches}",
+    )
+    _require(f.max_staleness >= 0, f"flow.max_staleness={f.max_staleness} must be >= 0 (0 = on-policy)")

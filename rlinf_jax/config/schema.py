@@ -8,6 +8,7 @@ workloads add sections (rollout, critic, reward, data) next to these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -96,9 +97,30 @@ class AlgorithmConfig:
 
 @dataclass
 class ClusterConfig:
-    # Devices the run spreads its env batch over ("all" or a count); data-parallel on
-    # the mesh axis "data". Later: component placement.
+    # Devices the run may use ("all" or a count), counted over all devices of all hosts.
     num_devices: str = "all"
+    # Which devices each component runs on: a preset (collocated | disaggregated |
+    # hybrid | auto) or RLinf's mapping, e.g. {env: 0-3, rollout: 4-7, actor: all}.
+    component_placement: Any = "collocated"
+    # Per-component mesh shape over its devices, e.g. {actor: {data: 2, fsdp: 2}};
+    # a component not named gets {data: <its device count>}.
+    mesh: dict[str, Any] = field(default_factory=dict)
+    # Logical parameter axis -> mesh axis overrides, e.g. {mlp: fsdp}.
+    partition_rules: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FlowConfig:
+    # fused: the whole iteration is one jit per chunk (collocated, on-policy, one
+    # micro-batch); staged: jitted stages on their components' meshes, linked by
+    # channels; auto: fused where it applies, else staged.
+    runner: str = "auto"
+    # The env batch is cut into this many micro-batches that stream through env and
+    # rollout, so that on disjoint devices one steps while the other infers.
+    num_micro_batches: int = 1
+    # How many policy versions the trajectories the actor trains on may lag behind it:
+    # 0 = strictly on-policy; 1 lets the next rollout overlap the current update.
+    max_staleness: int = 0
 
 
 @dataclass
@@ -108,3 +130,4 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)

@@ -135,15 +135,28 @@ class PPOTrainer:
 
     # ------------------------------------------------------------- iteration
     def _iteration(self, ts: TrainState):
+        key, rollout_key, update_key = jax.random.split(ts.key, 3)
+        env_state, traj = unroll(
+            self.env, self.policy_fn(ts.params, ts.obs_stats), ts.env_state, rollout_key, self.cfg.algorithm.rollout_length
+        )
+        learner, metrics = self.learn(ts.replace(env_state=None), traj, env_state.obs, update_key)
+        return learner.replace(env_state=env_state, key=key), metrics
+
+    def policy_fn(self, params, stats):
+        """``(obs, per-env keys) -> (action, raw_action, logprob)``: what the rollout runs."""
+        model = self.model(params)
+        return lambda obs, keys: mlp.act(model, self.normalize(stats, obs), keys)
+
+    def learn(self, ts: TrainState, traj: Transition, last_obs, update_key):
+        """The actor's half of an iteration: values, advantages, PPO epochs, statistics.
+
+        Pure in (learner state, trajectory): the fused iteration and the actor stage of the
+        staged runner call this same function, which is why they agree number for number.
+        ``ts.env_state`` is not read; ``ts.key`` is passed through.
+        """
         alg = self.cfg.algorithm
         model = self.model(ts.params)
-        key, rollout_key, update_key = jax.random.split(ts.key, 3)
-
-        def policy(obs, k):
-            return mlp.act(model, self.normalize(ts.obs_stats, obs), k)
-
-        env_state, traj = unroll(self.env, policy, ts.env_state, rollout_key, alg.rollout_length)
-        advantages, returns, values = self._advantages(model, ts.obs_stats, traj, env_state)
+        advantages, returns, values = self._advantages(model, ts.obs_stats, traj, last_obs)
         params, opt_state, train_metrics = self._update(ts, traj, advantages, returns, update_key)
 
         # Statistics move after the update, so the update saw exactly what the policy saw.
@@ -153,12 +166,10 @@ class PPOTrainer:
             obs_stats = _select(_finite(traj.obs), updated, obs_stats)
 
         skipped = train_metrics["train/skipped_updates"]
-        ts = TrainState(
+        ts = ts.replace(
             params=params,
             opt_state=opt_state,
             obs_stats=obs_stats,
-            env_state=env_state,
-            key=key,
             step=ts.step + 1,
             bad_iterations=jnp.where(skipped > 0, ts.bad_iterations + 1, 0),
         )
@@ -175,10 +186,10 @@ class PPOTrainer:
         }
         return ts, metrics
 
-    def _advantages(self, model, stats, traj: Transition, last_state: EnvState):
+    def _advantages(self, model, stats, traj: Transition, last_obs):
         alg = self.cfg.algorithm
         T, B = traj.reward.shape
-        obs = jnp.concatenate([traj.obs.reshape(T * B, -1), last_state.obs])
+        obs = jnp.concatenate([traj.obs.reshape(T * B, -1), last_obs])
         v = model.critic(self.normalize(stats, obs))
         values, last_value = v[: T * B].reshape(T, B), v[T * B :]
         truncations = final_values = None

@@ -24,8 +24,17 @@ def _tanh_log_det_jacobian(raw):
 
 
 def tanh_normal_sample(loc, scale, key):
-    """Returns the raw (pre-tanh) sample; the env action is ``jnp.tanh(raw)``."""
-    return loc + scale * jax.random.normal(key, loc.shape, loc.dtype)
+    """Returns the raw (pre-tanh) sample; the env action is ``jnp.tanh(raw)``.
+
+    ``key`` is one key for the whole batch, or one key per row (shape ``[B, 2]`` for a
+    ``[B, A]`` batch): per-row keys make each row's sample independent of how the batch
+    was cut into micro-batches.
+    """
+    if key.ndim == loc.ndim:
+        noise = jax.vmap(lambda k: jax.random.normal(k, loc.shape[1:], loc.dtype))(key)
+    else:
+        noise = jax.random.normal(key, loc.shape, loc.dtype)
+    return loc + scale * noise
 
 
 def tanh_normal_log_prob(loc, scale, raw):

@@ -32,32 +32,54 @@ class Transition:
     episode_length: jax.Array
 
 
+def env_keys(step_key: jax.Array, num_envs: int, first_env: int = 0) -> jax.Array:
+    """One key per env, folded from the env's global index.
+
+    Keys belong to envs, not to batches: a micro-batch holding envs 64..127 draws exactly
+    the samples those envs draw in the full batch, so cutting a batch changes no number.
+    """
+    ids = first_env + jnp.arange(num_envs, dtype=jnp.uint32)
+    return jax.vmap(jax.random.fold_in, (None, 0))(step_key, ids)
+
+
+def step_keys(key: jax.Array, length: int) -> jax.Array:
+    return jax.random.split(key, length)
+
+
+def env_step(env: Env, state: EnvState, action: jax.Array, raw, logprob) -> tuple[EnvState, Transition]:
+    """Steps the env and records the transition (the obs the action was taken from)."""
+    nxt = env.step(state, action)
+    info = nxt.info
+    return nxt, Transition(
+        obs=state.obs,
+        raw_action=raw,
+        logprob=logprob,
+        reward=nxt.reward,
+        done=nxt.done,
+        truncated=nxt.truncated,
+        final_obs=info.get("final_obs", nxt.obs),
+        episode_return=info.get("episode_return", jnp.zeros_like(nxt.reward)),
+        episode_length=info.get("episode_length", jnp.zeros_like(nxt.reward)),
+    )
+
+
 def unroll(
     env: Env,
     policy: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]],
     env_state: EnvState,
     key: jax.Array,
     length: int,
+    first_env: int = 0,
 ) -> tuple[EnvState, Transition]:
-    """Steps ``env`` ``length`` times; ``policy(obs, key) -> (action, raw_action, logprob)``."""
+    """Steps ``env`` ``length`` times; ``policy(obs, keys) -> (action, raw_action, logprob)``
+    with one key per env (see `env_keys`); ``first_env`` is the global index of env 0."""
+    num_envs = env_state.reward.shape[0]
 
     def step(state: EnvState, step_key):
-        action, raw, logprob = policy(state.obs, step_key)
-        nxt = env.step(state, action)
-        info = nxt.info
-        return nxt, Transition(
-            obs=state.obs,
-            raw_action=raw,
-            logprob=logprob,
-            reward=nxt.reward,
-            done=nxt.done,
-            truncated=nxt.truncated,
-            final_obs=info.get("final_obs", nxt.obs),
-            episode_return=info.get("episode_return", jnp.zeros_like(nxt.reward)),
-            episode_length=info.get("episode_length", jnp.zeros_like(nxt.reward)),
-        )
+        action, raw, logprob = policy(state.obs, env_keys(step_key, num_envs, first_env))
+        return env_step(env, state, action, raw, logprob)
 
-    return jax.lax.scan(step, env_state, jax.random.split(key, length))
+    return jax.lax.scan(step, env_state, step_keys(key, length))
 
 
 def evaluate_policy(

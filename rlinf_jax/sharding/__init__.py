@@ -18,10 +18,30 @@ from rlinf_jax.sharding.placement import (
     preset,
     resolve_placement,
 )
+from rlinf_jax.sharding.partition import (
+    DEFAULT_RULES,
+    PARAM_AXES,
+    default_spec,
+    init_sharded,
+    logical_axes,
+    logical_to_spec,
+    param_shardings,
+    rules_from_config,
+    shard_params,
+)
 from rlinf_jax.sharding.reshard import reshard, sync_weights
 
 __all__ = [
     "DATA_AXIS",
+    "DEFAULT_RULES",
+    "PARAM_AXES",
+    "default_spec",
+    "init_sharded",
+    "logical_axes",
+    "logical_to_spec",
+    "param_shardings",
+    "rules_from_config",
+    "shard_params",
     "ComponentPlacement",
     "Placement",
     "batch_sharding",
