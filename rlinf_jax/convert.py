@@ -1,0 +1,58 @@
+"""`python -m rlinf_jax.convert --from HF_DIR --to OUT_DIR`: Hugging Face weights -> Flax.
+
+Reads a local Llama / Qwen2 / Qwen3 directory (``config.json`` + safetensors, single file or
+sharded), checks every tensor against the architecture, and writes the parameters as an Orbax
+checkpoint with a copy of ``config.json`` (and the tokenizer files, when present). A trainer
+starts from the result with ``actor.model.path=OUT_DIR``; ``rlinf_jax.policies.lm.load_converted``
+reads it back. Prints one JSON line describing what was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m rlinf_jax.convert", description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="src", required=True, metavar="HF_DIR", help="local Hugging Face model directory")
+    parser.add_argument("--to", dest="out", required=True, metavar="OUT_DIR", help="new (or empty) output directory")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype of the stored parameters (auto: the checkpoint's own, per config.json)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    from rlinf_jax.errors import BadInput
+
+    try:
+        import jax
+        from flax import nnx
+
+        from rlinf_jax.policies.lm import convert, load_converted
+
+        out = convert(args.src, args.out, dtype=args.dtype)
+        model = load_converted(out)
+        params = jax.tree.leaves(nnx.state(model, nnx.Param))
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = {
+        "from": args.src,
+        "to": str(out),
+        "model_type": model.config.model_type,
+        "params": int(sum(p.size for p in params)),
+        "dtype": str(params[0].dtype),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

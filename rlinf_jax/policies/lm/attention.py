@@ -1,0 +1,110 @@
+"""Grouped-query self-attention with an optional static KV cache.
+
+The cache is laid out ``[B, kv_heads, S, head_dim]`` per layer (1.3-1.5x faster on XLA CPU
+than ``[B, S, kv_heads, head_dim]``) and is written with ``dynamic_update_slice`` at
+``cache_index``, so a jitted decode loop can donate it and update it in place. Without a
+cache the keys are the current tokens themselves; both paths share ``attention_mask_3d`` and
+``attend`` so prefill, decode and training compute the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlinf_jax.policies.lm.config import LMConfig
+from rlinf_jax.policies.lm.layers import Dense, RMSNorm, apply_rope
+
+# Large and finite rather than -inf: a query whose keys are all masked (a pad row) then gets a
+# uniform, finite softmax instead of NaNs that would leak into gradients.
+_MASKED = -1e30
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values, each ``[B, kv_heads, S, head_dim]``."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    @classmethod
+    def zeros(cls, config: LMConfig, batch: int, max_len: int, dtype) -> KVCache:
+        shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+        return cls(
+            keys=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+            values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        )
+
+
+def attention_mask_3d(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
+    """``[B, T, S]`` booleans: query ``t`` (at key slot ``query_slots[t]``) may see key ``s``.
+
+    A key is visible when it holds a real token (``key_valid [B, S]``) and is not in the
+    query's future (causal).
+    """
+    key_slots = jnp.arange(key_valid.shape[1])
+    causal = key_slots[None, :] <= query_slots[:, None]  # [T, S]
+    return key_valid.astype(bool)[:, None, :] & causal[None]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention of grouped queries.
+
+    q ``[B, T, K, G, D]`` (query head ``h = k * G + g``, Hugging Face's ``repeat_kv`` order),
+    k / v ``[B, K, S, D]``, mask ``[B, T, S]``; returns ``[B, T, K, G, D]``. Scores and the
+    softmax run in float32 whatever the compute dtype.
+    """
+    scale = q.shape[-1] ** -0.5
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.q_proj = Dense(c.hidden_size, q_size, ("embed", "q_heads"), use_bias=c.attention_bias, **kw)
+        self.k_proj = Dense(c.hidden_size, kv_size, ("embed", "kv_heads"), use_bias=c.attention_bias, **kw)
+        self.v_proj = Dense(c.hidden_size, kv_size, ("embed", "kv_heads"), use_bias=c.attention_bias, **kw)
+        self.o_proj = Dense(q_size, c.hidden_size, ("q_heads", "embed"), use_bias=c.o_proj_bias, **kw)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, **kw)
+            self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, **kw)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, x, batch, length, rope, mask, kv=None, cache_index=None):
+        """x ``[B*T, embed]`` -> ``([B*T, embed], (keys, values) or None)``.
+
+        With ``kv`` (this layer's cached keys / values) the new keys are written at slot
+        ``cache_index`` and the queries attend over the whole cache.
+        """
+        B, T = batch, length
+        K, G, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(B, T, K * G, D)
+        k = self.k_proj(x).reshape(B, T, K, D)
+        v = self.v_proj(x).reshape(B, T, K, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
+        new_kv = None
+        if kv is not None:
+            cached_k, cached_v = kv
+            start = (0, 0, cache_index, 0)
+            k = jax.lax.dynamic_update_slice(cached_k, k.astype(cached_k.dtype), start)
+            v = jax.lax.dynamic_update_slice(cached_v, v.astype(cached_v.dtype), start)
+            new_kv = (k, v)
+        out = attend(q.reshape(B, T, K, G, D), k.astype(q.dtype), v.astype(q.dtype), mask)
+        return self.o_proj(out.reshape(B * T, K * G * D)), new_kv

@@ -1,0 +1,201 @@
+"""Read and write Hugging Face checkpoint directories (``config.json`` + safetensors).
+
+Loading streams one tensor at a time from ``safe_open`` straight onto its target device /
+sharding, into a model built abstractly (``nnx.eval_shape``), so host memory never holds the
+checkpoint twice and no random initialisation is paid for. Every checkpoint tensor is either
+mapped by ``keymap.KEY_MAP`` or explicitly ignored; everything else is a ``BadInput``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm import keymap
+from rlinf_jax.policies.lm.config import LMConfig
+from rlinf_jax.policies.lm.model import CausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+    d = Path(path)
+    if not d.is_dir():
+        raise BadInput(f"{d} is not a directory; pass a local Hugging Face model directory")
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        raise BadInput(f"{d} has no config.json; a Hugging Face model directory needs one")
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{cfg} is not valid JSON ({e})") from None
+
+
+def safetensors_files(path: str | os.PathLike) -> list[Path]:
+    """The checkpoint's safetensors files: the single file or the shards the index names."""
+    d = Path(path)
+    if (d / SINGLE_FILE).is_file():
+        return [d / SINGLE_FILE]
+    if (d / INDEX_FILE).is_file():
+        try:
+            weight_map = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise BadInput(f"{d / INDEX_FILE} is not a safetensors index ({e!r})") from None
+        files = [d / name for name in dict.fromkeys(weight_map.values())]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise BadInput(f"{d / INDEX_FILE} names shard files that are missing: {', '.join(missing)}")
+        return files
+    found = sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+    raise BadInput(
+        f"{d} has neither {SINGLE_FILE} nor {INDEX_FILE} (found: {', '.join(found) or 'nothing'}); "
+        "only safetensors checkpoints are read (save with safe_serialization=True)"
+    )
+
+
+def parse_dtype(dtype) -> jnp.dtype:
+    if isinstance(dtype, str):
+        names = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+        if dtype not in names:
+            raise BadInput(f"dtype {dtype!r} is not supported; choose one of {', '.join(names)}")
+        return jnp.dtype(names[dtype])
+    return jnp.dtype(dtype)
+
+
+def abstract_model(config: LMConfig, dtype=jnp.float32, param_dtype=None) -> CausalLM:
+    """The model with shape-only parameters: the skeleton checkpoints are poured into."""
+    return nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
+
+
+def dotted(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def flatten_tree(tree) -> dict[str, object]:
+    """``{dotted path: leaf}`` for a sharding tree given as an ``nnx.State`` or nested dicts."""
+    if isinstance(tree, nnx.State):
+        tree = nnx.to_pure_dict(tree)
+    out: dict[str, object] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, (*prefix, k))
+        else:
+            out[dotted(prefix)] = node
+
+    walk(tree, ())
+    return out
+
+
+def fill_model(graphdef, abstract_state, values: Mapping[str, jax.Array]) -> CausalLM:
+    """Merge concrete arrays (by dotted path) into the abstract state's variables."""
+    flat = nnx.to_flat_state(abstract_state)
+    for path, var in flat:
+        var.set_value(values[dotted(path)])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -> CausalLM:
+    """Build a ``CausalLM`` from a local Hugging Face directory.
+
+    ``dtype`` is the compute dtype and, unless ``param_dtype`` says otherwise, the storage
+    dtype. ``shardings`` places each parameter as it is read: one ``jax.sharding.Sharding``
+    for all, or a tree (``nnx.State`` / nested dict shaped like the model's parameters) of them.
+    """
+    hf = read_hf_config(path)
+    files = safetensors_files(path)
+    config = LMConfig.from_hf_config(hf)
+    dtype = parse_dtype(dtype)
+    param_dtype = parse_dtype(param_dtype) if param_dtype is not None else dtype
+    graphdef, abstract_state = nnx.split(abstract_model(config, dtype, param_dtype))
+    targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
+    placement = _placement(shardings, targets)
+
+    from safetensors import safe_open
+
+    values: dict[str, jax.Array] = {}
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                if keymap.is_ignored(key, config):
+                    continue
+                mapped = keymap.to_ours(key)
+                if mapped is None or mapped[0] not in targets:
+                    raise BadInput(
+                        f"checkpoint tensor {key!r} ({file.name}) has no place in a {config.model_type} model "
+                        f"with this config.json; remove it or fix the config (attention_bias, "
+                        f"tie_word_embeddings, model_type)"
+                    )
+                target, transform = mapped
+                if target in values:
+                    raise BadInput(f"checkpoint tensor {key!r} appears twice (again in {file.name})")
+                want = targets[target].shape
+                shape = tuple(f.get_slice(key).get_shape())
+                if keymap.transformed_shape(transform, shape) != tuple(want):
+                    expected = keymap.transformed_shape(transform, want)
+                    raise BadInput(
+                        f"checkpoint tensor {key!r} has shape {shape} but config.json implies {expected}"
+                    )
+                host = keymap.apply(transform, f.get_tensor(key)).astype(param_dtype)
+                values[target] = jax.device_put(host, placement.get(target))
+                del host
+    missing = [keymap.to_hf(p)[0] for p in targets if p not in values]
+    if missing:
+        raise BadInput(
+            f"checkpoint {path} lacks {len(missing)} tensor(s) the config.json implies, e.g. "
+            f"{', '.join(repr(k) for k in missing[:4])}"
+        )
+    return fill_model(graphdef, abstract_state, values)
+
+
+def _placement(shardings, targets) -> dict[str, object]:
+    if shardings is None:
+        return {}
+    if isinstance(shardings, jax.sharding.Sharding):
+        return dict.fromkeys(targets, shardings)
+    flat = flatten_tree(shardings)
+    unknown = sorted(set(flat) - set(targets))
+    if unknown:
+        raise BadInput(f"shardings name parameters the model does not have: {', '.join(unknown[:4])}")
+    return flat
+
+
+def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
+    """The model's parameters as host arrays under Hugging Face keys and layouts."""
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        key, transform = keymap.to_hf(dotted(path))
+        out[key] = np.ascontiguousarray(keymap.apply(transform, np.asarray(jax.device_get(var.get_value()))))
+    return out
+
+
+def save_pretrained(model: CausalLM, out_dir, config: LMConfig | dict | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` that transformers' ``from_pretrained`` reads.
+
+    ``config`` defaults to the model's own; an HF ``config.json`` dict is written as given
+    (keeping fields such as token ids), with its ``dtype`` set to the parameters' dtype.
+    """
+    from safetensors.numpy import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(model)
+    dtype_name = jnp.dtype(model.param_dtype).name
+    if config is None or isinstance(config, LMConfig):
+        hf = (config or model.config).to_hf_config(dtype=dtype_name)
+    else:
+        hf = {**config, "dtype": dtype_name}
+        hf.pop("torch_dtype", None)
+    save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    return out

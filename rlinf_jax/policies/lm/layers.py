@@ -1,0 +1,91 @@
+"""Building blocks of the causal LM: dense layers, RMSNorm, embeddings, rotary embeddings.
+
+Dense layers take 2-D activations ``[tokens, features]``: XLA on CPU runs (and differentiates)
+plain matmuls markedly faster than 3-D einsums, so the model flattens batch and time once and
+reshapes only where attention needs heads. Every parameter carries logical axis names
+(``vocab``, ``embed``, ``mlp``, ``q_heads``, ``kv_heads``, ``head_dim``, ``norm``) that the
+sharding rules map onto mesh axes; the names are metadata only and never shard eagerly here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# Hugging Face initialises these models with N(0, 0.02); only matters for from-scratch models.
+INIT_STD = 0.02
+
+
+def param(rngs: nnx.Rngs, init, shape, dtype, axes: tuple[str, ...]) -> nnx.Param:
+    """An ``nnx.Param`` annotated with logical axis names (metadata, no eager sharding)."""
+    return nnx.Param(nnx.with_partitioning(init, axes, eager_sharding=False)(rngs.params(), shape, dtype))
+
+
+class Dense(nnx.Module):
+    """``x @ kernel (+ bias)`` on ``[tokens, in]`` activations; kernel stored ``[in, out]``."""
+
+    def __init__(self, in_features, out_features, axes, *, use_bias, dtype, param_dtype, rngs):
+        self.dtype = dtype
+        self.kernel = param(rngs, nnx.initializers.normal(INIT_STD), (in_features, out_features), param_dtype, axes)
+        self.bias = param(rngs, nnx.initializers.zeros, (out_features,), param_dtype, axes[1:]) if use_bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """``x / rms(x) * scale`` over the last axis, computed in float32 (Llama's form: the weight
+    multiplies directly, no ``1 + scale``)."""
+
+    def __init__(self, size, *, eps, dtype, param_dtype, rngs):
+        self.eps = eps
+        self.dtype = dtype
+        self.scale = param(rngs, nnx.initializers.ones, (size,), param_dtype, ("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Embed(nnx.Module):
+    """Token embedding table ``[vocab, embed]``; also the output projection when tied."""
+
+    def __init__(self, vocab_size, features, *, dtype, param_dtype, rngs):
+        self.dtype = dtype
+        self.embedding = param(
+            rngs, nnx.initializers.normal(INIT_STD), (vocab_size, features), param_dtype, ("vocab", "embed")
+        )
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Tied output logits ``x @ embedding.T`` in float32, ``x`` as ``[tokens, embed]``."""
+        table = self.embedding[...].astype(self.dtype)
+        return jnp.dot(x.astype(self.dtype), table.T, preferred_element_type=jnp.float32)
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos and sin ``[B, T, head_dim]`` in float32 for integer ``positions [B, T]``.
+
+    Hugging Face layout: the half-dimension frequencies are repeated, ``[f, f]``, to pair with
+    ``rotate_half`` (not interleaved pairs as in the original RoPE paper).
+    """
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x [B, T, heads, head_dim]`` by the tables of ``rope_tables``, in float32."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)

@@ -1,0 +1,133 @@
+"""The causal LM: embeddings, pre-norm decoder blocks (attention + SwiGLU MLP), final norm,
+output head (own or tied to the embeddings).
+
+Call it as ``model(input_ids, attention_mask)`` for logits ``[B, T, V]`` (float32 whatever the
+compute dtype, since log-probs for RL are taken from them). Positions follow the attention
+mask (``cumsum - 1``), so left-padded batches give each row the numbers it would get alone.
+With ``cache=`` and ``cache_index=`` the same call runs prefill / decode steps on a static KV
+cache and returns ``(logits, new_cache)``. ``hidden_states`` gives the final-norm hidden states
+for heads that sit on the LM (a value head).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
+from rlinf_jax.policies.lm.config import LMConfig
+from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
+        kw = {"use_bias": config.mlp_bias, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = Dense(d, f, ("embed", "mlp"), **kw)
+        self.up_proj = Dense(d, f, ("embed", "mlp"), **kw)
+        self.down_proj = Dense(f, d, ("mlp", "embed"), **kw)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
+        self.attn = Attention(config, **kw)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
+        self.mlp = MLP(config, **kw)
+
+    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None):
+        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index)
+        h = h + a
+        h = h + self.mlp(self.mlp_norm(h))
+        return h, new_kv
+
+
+class CausalLM(nnx.Module):
+    """Llama 2/3, Qwen2/2.5 and Qwen3 decoder-only LM.
+
+    ``dtype`` is the compute dtype, ``param_dtype`` (default: ``dtype``) the storage dtype.
+    Norms, RoPE, attention scores, softmax and logits run in float32 either way.
+    """
+
+    def __init__(self, config: LMConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs):
+        param_dtype = param_dtype or dtype
+        self.config = config
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.embed = Embed(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nnx.List([Block(config, **kw) for _ in range(config.num_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, **kw)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
+        """An empty static KV cache for ``batch`` rows of up to ``max_len`` tokens."""
+        return KVCache.zeros(self.config, batch, max_len, dtype or self.dtype)
+
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, cache=None, cache_index=None):
+        """Final-norm hidden states ``[B, T, embed]`` (and the new cache when ``cache`` is given).
+
+        Without a cache, ``attention_mask`` is ``[B, T]`` (1 = real token). With a cache it
+        covers every cache slot, ``[B, S]``, and the ``T`` new tokens go to slots
+        ``cache_index .. cache_index + T - 1``. ``positions [B, T]`` default to the count of
+        real tokens before each one.
+        """
+        B, T = input_ids.shape
+        if cache is None:
+            key_valid = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
+            query_slots = jnp.arange(T)
+            counts = jnp.cumsum(key_valid, axis=1, dtype=jnp.int32) - 1
+        else:
+            if cache_index is None:
+                raise ValueError("cache_index is required with a cache")
+            S = cache.max_len
+            key_valid = jnp.ones((B, S), bool) if attention_mask is None else attention_mask.astype(bool)
+            query_slots = cache_index + jnp.arange(T)
+            counts = jnp.cumsum(key_valid, axis=1, dtype=jnp.int32) - 1
+            counts = jax.lax.dynamic_slice_in_dim(counts, cache_index, T, axis=1)
+        if positions is None:
+            positions = jnp.maximum(counts, 0)
+        rope = rope_tables(positions, self.config.rope.inv_freq(self.config.head_dim))
+        mask = attention_mask_3d(key_valid, query_slots)
+
+        h = self.embed(input_ids.reshape(B * T))
+        new_keys, new_values = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            h, new_kv = layer(h, B, T, rope, mask, kv, cache_index)
+            if new_kv is not None:
+                new_keys.append(new_kv[0])
+                new_values.append(new_kv[1])
+        h = self.final_norm(h).reshape(B, T, -1)
+        if cache is None:
+            return h
+        return h, KVCache(tuple(new_keys), tuple(new_values))
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits ``[..., vocab]`` from hidden states ``[..., embed]``."""
+        lead = hidden.shape[:-1]
+        h = hidden.reshape(-1, hidden.shape[-1])
+        if self.lm_head is None:
+            out = self.embed.attend(h)
+        else:
+            out = jnp.dot(
+                h.astype(self.dtype), self.lm_head.kernel[...].astype(self.dtype), preferred_element_type=jnp.float32
+            )
+        return out.reshape(*lead, -1)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, cache_index=None):
+        out = self.hidden_states(input_ids, attention_mask, positions, cache, cache_index)
+        if cache is None:
+            return self.logits(out)
+        hidden, new_cache = out
+        return self.logits(hidden), new_cache

@@ -1,0 +1,94 @@
+"""Tiny, fully random Hugging Face models of each supported family, built locally.
+
+For parity tests, benchmarks and examples: nothing is downloaded. Sizes are deliberately
+awkward (head_dim not a power of two, 3 query heads per KV head, odd vocabulary), and every
+parameter, norm weights and biases included, is random (``randn * scale``, plus 1 for norm
+weights), so a transposed matrix, a ``1 + scale`` norm or swapped q/k would show in the logits.
+Needs torch and transformers (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# One entry per family, each exercising that family's switches.
+TINY_CONFIGS = {
+    # Llama 3 rope scaling with a short original context so all three frequency bands occur;
+    # explicit head_dim (12) unlike hidden / heads (10); biases on attention and MLP.
+    "llama": {
+        "vocab_size": 97,
+        "hidden_size": 60,
+        "intermediate_size": 88,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 12,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
+    # Qwen2: q/k/v biases, tied embeddings, head_dim derived (60 / 6 = 10).
+    "qwen2": {
+        "vocab_size": 97,
+        "hidden_size": 60,
+        "intermediate_size": 88,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0},
+    },
+    # Qwen3: per-head q/k RMSNorm, explicit head_dim 20 (hidden 48); the rarely used
+    # attention_bias switch on (biases on q/k/v and o).
+    "qwen3": {
+        "vocab_size": 97,
+        "hidden_size": 48,
+        "intermediate_size": 88,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 20,
+        "attention_bias": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    },
+}
+
+
+def tiny_hf_model(family: str, seed: int = 0, scale: float = 0.25, **overrides):
+    """A random ``transformers`` causal LM of ``family`` (eager attention, eval mode)."""
+    import torch
+    import transformers
+
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[family]
+    config = config_cls(**{**TINY_CONFIGS[family], **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale
+            p.copy_(noise + (1.0 if "norm" in name else 0.0))
+    # Greedy parity runs a fixed number of tokens: no end token, no sampling defaults.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.generation_config.do_sample = False
+    return model
+
+
+def save_tiny(family: str, out_dir, seed: int = 0, **overrides):
+    """Write a tiny random model to ``out_dir``; returns ``(path, torch_model)``."""
+    model = tiny_hf_model(family, seed=seed, **overrides)
+    model.save_pretrained(str(out_dir))
+    return Path(out_dir), model

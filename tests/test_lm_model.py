@@ -1,0 +1,125 @@
+"""The NNX causal LM on its own: logical axis names, the KV-cache path against the plain
+forward pass, hidden states, and finite gradients on padded batches."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlinf_jax.policies.lm import CausalLM, LMConfig, RopeConfig
+
+P = jax.sharding.PartitionSpec
+
+
+def tiny_config(**kw):
+    base = {
+        "model_type": "qwen3", "vocab_size": 53, "hidden_size": 40, "intermediate_size": 56, "num_layers": 2,
+        "num_heads": 6, "num_kv_heads": 2, "head_dim": 12, "qk_norm": True, "attention_bias": True,
+        "rope": RopeConfig(theta=1000.0),
+    }
+    return LMConfig(**{**base, **kw})
+
+
+def random_model(config, seed=0, dtype=jnp.float32):
+    model = CausalLM(config, dtype=dtype, rngs=nnx.Rngs(seed))
+    # Non-trivial norms and biases, so every parameter matters.
+    state = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(state))))
+    noisy = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape, x.dtype), state)
+    nnx.update(model, noisy)
+    return model
+
+
+@jax.jit
+def forward(model, ids, mask=None, positions=None):
+    return model(ids, mask, positions)
+
+
+def test_every_parameter_has_logical_axis_names():
+    model = random_model(tiny_config(tie_word_embeddings=False, model_type="llama", qk_norm=False))
+    specs = nnx.to_flat_state(nnx.get_partition_spec(nnx.state(model, nnx.Param)))
+    allowed = {"vocab", "embed", "mlp", "q_heads", "kv_heads", "head_dim", "norm"}
+    by_path = {".".join(map(str, p)): v.get_value() for p, v in specs}
+    for path, spec in by_path.items():
+        assert isinstance(spec, P) and spec and set(spec) <= allowed, (path, spec)
+    expected = {
+        "embed.embedding": P("vocab", "embed"),
+        "lm_head.kernel": P("embed", "vocab"),
+        "layers.0.attn.q_proj.kernel": P("embed", "q_heads"),
+        "layers.0.attn.q_proj.bias": P("q_heads"),
+        "layers.0.attn.k_proj.kernel": P("embed", "kv_heads"),
+        "layers.0.attn.o_proj.kernel": P("q_heads", "embed"),
+        "layers.1.mlp.gate_proj.kernel": P("embed", "mlp"),
+        "layers.1.mlp.down_proj.kernel": P("mlp", "embed"),
+        "layers.1.attn_norm.scale": P("norm"),
+        "final_norm.scale": P("norm"),
+    }
+    for path, spec in expected.items():
+        assert by_path[path] == spec, path
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_cached_prefill_and_decode_equal_full_forward(tied):
+    model = random_model(tiny_config(tie_word_embeddings=tied))
+    B, P_len, S = 3, 5, 16
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 53, (B, S)), jnp.int32)
+    mask = np.ones((B, S), bool)
+    mask[1, :3] = False  # left padding in the prompt
+    mask[2, :1] = False
+    mask = jnp.asarray(mask)
+    full = np.asarray(forward(model, ids, mask))
+
+    cache = model.init_cache(B, S)
+    step = jax.jit(lambda m, t, c, i: m(t, mask, cache=c, cache_index=i))
+    logits, cache = step(model, ids[:, :P_len], cache, 0)
+    got = [np.asarray(logits)]
+    for i in range(P_len, S):
+        logits, cache = step(model, ids[:, i : i + 1], cache, i)
+        got.append(np.asarray(logits))
+    got = np.concatenate(got, axis=1)
+    valid = np.asarray(mask)
+    np.testing.assert_allclose(got[valid], full[valid], atol=2e-5)
+    assert cache.keys[0].shape == (B, 2, S, 12)
+
+
+def test_hidden_states_feed_logits_and_positions_follow_mask():
+    model = random_model(tiny_config())
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, 53, (2, 7)), jnp.int32)
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1], [1] * 7], bool)
+    hidden, from_hidden = jax.jit(lambda m: (m.hidden_states(ids, mask), m.logits(m.hidden_states(ids, mask))))(model)
+    assert hidden.shape == (2, 7, 40)
+    np.testing.assert_allclose(np.asarray(from_hidden), np.asarray(forward(model, ids, mask)), atol=1e-6)
+    explicit = jnp.asarray([[0, 0, 0, 1, 2, 3, 4], list(range(7))])
+    np.testing.assert_allclose(
+        np.asarray(forward(model, ids, mask, explicit)), np.asarray(forward(model, ids, mask)), atol=1e-6
+    )
+
+
+def test_gradients_are_finite_with_fully_masked_rows():
+    model = random_model(tiny_config())
+    ids = jnp.zeros((2, 6), jnp.int32)
+    mask = jnp.asarray([[0, 0, 0, 1, 1, 1], [0] * 6], bool)
+
+    def loss(m):
+        logp = jax.nn.log_softmax(m(ids, mask))
+        return -(logp[..., 1] * mask).sum()
+
+    grads = jax.jit(nnx.grad(loss))(model)
+    leaves = jax.tree.leaves(grads)
+    assert all(bool(jnp.isfinite(g).all()) for g in leaves)
+    assert any(float(jnp.abs(g).max()) > 0 for g in leaves)
+
+
+def test_bf16_compute_keeps_logits_fp32_and_close():
+    cfg = tiny_config()
+    model32 = random_model(cfg)
+    model16 = random_model(cfg, dtype=jnp.bfloat16)
+    nnx.update(model16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model32, nnx.Param)))
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, 53, (2, 9)), jnp.int32)
+    a, b = np.asarray(forward(model32, ids)), np.asarray(forward(model16, ids))
+    assert b.dtype == np.float32
+    assert np.abs(a - b).max() <= 0.05 * np.abs(a).max()
