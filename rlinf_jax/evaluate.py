@@ -27,6 +27,7 @@ def evaluate(path, overrides=(), seed: int = 0) -> dict:
     import jax
 
     from rlinf_jax.config import load_config_file
+    from rlinf_jax.config.schema import FlowConfig
     from rlinf_jax.errors import BadInput
     from rlinf_jax.flow.embodied_runner import build_trainer
     from rlinf_jax.runtime import find_checkpoint, restore_checkpoint
@@ -36,6 +37,9 @@ def evaluate(path, overrides=(), seed: int = 0) -> dict:
     if not config_path.is_file():
         raise BadInput(f"{config_path} is missing: evaluate needs the run folder's resolved config next to checkpoints/")
     cfg = load_config_file(config_path, overrides)
+    # Evaluation is one jitted loop whatever layout trained the policy: run it collocated.
+    cfg.cluster.component_placement = "collocated"
+    cfg.flow = FlowConfig()
     trainer = build_trainer(cfg)
     state, _ = restore_checkpoint(point, trainer.init(), keep=cfg.runner.keep_checkpoints)
     metrics = trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed))

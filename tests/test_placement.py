@@ -32,6 +32,8 @@ def test_parse_ranks_errors(spec, fragment):
         ({"env": "0-1", "rollout": "2-3", "actor": "4-7"}, "disaggregated"),
         ({"env": "0-3", "rollout": "4-7", "actor": "0-7"}, "hybrid"),
         ({"env": "0-3", "rollout": "0-3", "actor": "3-7"}, "hybrid"),
+        # Components sharing one set form a collocated group; disjoint groups: disaggregated.
+        ({"env,rollout": "0-3", "actor": "4-7"}, "disaggregated"),
     ],
 )
 def test_mode_follows_from_the_sets(spec, mode):
@@ -48,7 +50,10 @@ def test_presets_give_their_mode(name):
 
 def test_hybrid_preset_shares_the_learner():
     assert preset("hybrid", EMBODIED, 8) == {"env": "0-3", "rollout": "4-7", "actor": "0-7"}
-    assert preset("disaggregated", EMBODIED, 8) == {"env": "0-2", "rollout": "3-4", "actor": "5-7"}
+    assert preset("disaggregated", EMBODIED, 8) == {"env": "0-1", "rollout": "2-3", "actor": "4-7"}
+    # Too few devices for three disjoint sets: env and rollout share the non-learner half.
+    assert preset("disaggregated", EMBODIED, 2) == {"env,rollout": "0", "actor": "1"}
+    assert preset("hybrid", EMBODIED, 2) == {"env": "0", "rollout": "1", "actor": "0-1"}
 
 
 @pytest.mark.parametrize(
@@ -62,11 +67,11 @@ def test_hybrid_preset_shares_the_learner():
         ({"env,rollout,actor": "all"}, {"actor": {"batch": 8}}, "unknown axis 'batch'"),
         ({"env,rollout,actor": "all"}, {"reward": {"data": 8}}, "unknown component 'reward'"),
         ("sideways", None, "not a preset"),
-        ("disaggregated", None, "3 component(s) to split over 2"),
+        ("disaggregated", None, "3 component(s) to split over 1"),
     ],
 )
 def test_invalid_placements_are_bad_input(spec, meshes, fragment):
-    n = 2 if spec == "disaggregated" else 8
+    n = 1 if spec == "disaggregated" else 8
     with pytest.raises(BadInput) as e:
         resolve_placement(spec, EMBODIED, n, meshes)
     assert fragment in str(e.value) and "\n" not in str(e.value)

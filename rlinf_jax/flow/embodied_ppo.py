@@ -26,7 +26,7 @@ from rlinf_jax.envs.base import Env, EnvState
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
-from rlinf_jax.sharding import DATA_AXIS, batch_sharding, replicate, shard_batch
+from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
 
 
 @struct.dataclass
@@ -59,7 +59,7 @@ class PPOTrainer:
     def __init__(self, cfg: Config, env: Env, eval_env: Env, mesh):
         self.cfg, self.env, self.eval_env, self.mesh = cfg, env, eval_env, mesh
         alg = cfg.algorithm
-        num_devices = mesh.devices.size
+        num_devices = batch_divisor(mesh)
         if env.num_envs % num_devices:
             raise BadInput(
                 f"env.num_envs={env.num_envs} is not divisible by the {num_devices} devices of the mesh; "
@@ -78,6 +78,7 @@ class PPOTrainer:
             )
         self.minibatch_size = self.batch_size // alg.num_minibatches
         self.env_steps_per_iteration = self.batch_size * cfg.env.action_repeat
+        self.rules = rules_from_config(cfg.cluster.partition_rules)
         self.advantage_fn = get_advantage(alg.adv_type)
         self.policy_loss_fn = get_policy_loss(alg.loss_type)
 
@@ -123,7 +124,7 @@ class PPOTrainer:
     def place(self, ts: TrainState) -> TrainState:
         """Shards the env batch over ``data`` and replicates everything else."""
         rest = replicate(ts.replace(env_state=None), self.mesh)
-        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh))
+        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs))
 
     def model(self, params) -> mlp.ActorCritic:
         return nnx.merge(self.graphdef, params)
@@ -244,8 +245,8 @@ class PPOTrainer:
         flat = jax.tree.map(lambda x: x.reshape(self.batch_size, *x.shape[2:]), flat)
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         mb_sharding = None
-        if self.minibatch_size % self.mesh.devices.size == 0:
-            mb_sharding = NamedSharding(self.mesh, P(None, DATA_AXIS))
+        if self.minibatch_size % batch_divisor(self.mesh) == 0:
+            mb_sharding = batch_sharding(self.mesh, batch_dim=1)
 
         def sgd_step(carry, minibatch):
             params, opt_state, k = carry
@@ -306,6 +307,33 @@ class PPOTrainer:
             out["env/episode_length"] = sums["env/length_sum"] / episodes * self.cfg.env.action_repeat
         out["env/episodes"] = episodes
         return out
+
+    # ---------------------------------------------------------- flow interface
+    # What the host loop (embodied_runner) calls; `StagedPPO` implements the same.
+    def start(self, ts: TrainState) -> TrainState:
+        """A (restored) checkpoint state -> the runner's state, placed on devices."""
+        return self.place(ts)
+
+    def snapshot(self, ts: TrainState) -> TrainState:
+        """The runner's state -> what a checkpoint holds."""
+        return ts
+
+    def progress(self, ts: TrainState) -> tuple[int, int]:
+        return int(ts.step), int(ts.bad_iterations)
+
+    def compile(self, ts: TrainState, eval_key) -> None:
+        """Compiles ahead of time so the first chunk's timing is pure execution."""
+        self._chunk = self.run_chunk.lower(ts, jnp.int32(1)).compile()
+        self._eval = self.evaluate.lower(ts.params, ts.obs_stats, eval_key).compile()
+
+    def run_iterations(self, ts: TrainState, n: int):
+        return self._chunk(ts, jnp.int32(n))
+
+    def run_eval(self, ts: TrainState, key) -> dict:
+        return self._eval(ts.params, ts.obs_stats, key)
+
+    def flow_stats(self) -> dict[str, float]:
+        return {}
 
     # -------------------------------------------------------------- evaluation
     def _evaluate(self, params, stats, key):

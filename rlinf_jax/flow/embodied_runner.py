@@ -1,7 +1,9 @@
-"""The host loop of an embodied PPO run: chunks of fused iterations, eval, checkpoints.
+"""The host loop of an embodied PPO run: chunks of iterations, eval, checkpoints.
 
-The device runs `PPOTrainer.run_chunk` (many iterations in one jit); the host only wakes
-at chunk boundaries, which sit at multiples of the log / eval / save intervals counted
+The flow is the fused `PPOTrainer` (a chunk of iterations is one jit) or the staged
+`StagedPPO` (stages on component meshes), chosen from the placement; both offer the
+same small interface (init/start/snapshot/compile/run_iterations/run_eval). The host
+only wakes at chunk boundaries, which sit at multiples of the log / eval / save intervals counted
 from step 0. Boundaries therefore do not depend on where a run was resumed, which is
 what makes a killed-and-resumed run end with exactly the same numbers.
 """
@@ -13,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
@@ -21,7 +22,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.embodied_ppo import PPOTrainer
 from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
 from rlinf_jax.runtime.progress import progress_bar
-from rlinf_jax.sharding import Placement, data_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
 
 EMBODIED_COMPONENTS = ("env", "rollout", "actor")
 
@@ -62,17 +63,42 @@ def enable_compilation_cache(directory: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def _placement(trainer: PPOTrainer) -> Placement:
-    """The fused runner is collocated: env, rollout and actor share the data mesh."""
-    n = trainer.mesh.devices.size
-    return resolve_placement({"env,rollout,actor": f"0-{n - 1}"}, EMBODIED_COMPONENTS, jax.device_count())
+def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
+    return resolve_placement(cfg.cluster.component_placement, EMBODIED_COMPONENTS, num_devices, cfg.cluster.mesh)
 
 
-def build_trainer(cfg: Config) -> PPOTrainer:
+def build_trainer(cfg: Config, placement: Placement | None = None):
+    """The flow for ``cfg``: the fused single-jit trainer where it applies, else staged.
+
+    Fused needs everything collocated, strictly on-policy and one micro-batch; it is the
+    fastest layout for small policies. Anything else runs as stages (`StagedPPO`).
+    """
+    from rlinf_jax.flow.embodied_staged import StagedPPO
+
     env = make_env(cfg.env)
     eval_env = make_eval_env(cfg.env)
-    mesh = data_mesh(resolve_num_devices(cfg.cluster.num_devices))
-    return PPOTrainer(cfg, env, eval_env, mesh)
+    num_devices = resolve_num_devices(cfg.cluster.num_devices)
+    devices = jax.devices()[:num_devices]
+    if placement is None:
+        if cfg.cluster.component_placement == "auto":
+            from rlinf_jax.flow.auto_placement import auto_placement
+
+            placement = auto_placement(cfg, num_devices).placement
+        else:
+            placement = resolve_embodied_placement(cfg, num_devices)
+    f = cfg.flow
+    fusable = placement.mode == "collocated" and f.num_micro_batches == 1 and f.max_staleness == 0
+    if f.runner == "fused" and not fusable:
+        raise BadInput(
+            f"flow.runner=fused needs a collocated placement, flow.num_micro_batches=1 and flow.max_staleness=0 "
+            f"(got {placement.mode}, {f.num_micro_batches}, {f.max_staleness}); use flow.runner=auto"
+        )
+    if f.runner == "fused" or (f.runner == "auto" and fusable):
+        trainer = PPOTrainer(cfg, env, eval_env, component_mesh(placement, "actor", devices))
+    else:
+        trainer = StagedPPO(cfg, env, eval_env, placement, devices)
+    trainer.placement = placement
+    return trainer
 
 
 def run(cfg: Config, console=None) -> RunSummary:
@@ -88,17 +114,17 @@ def run(cfg: Config, console=None) -> RunSummary:
             "or choose another runner.experiment_name"
         )
 
-    ts = trainer.init()
+    state = trainer.init()
     resumed_from = None
     # Restore before anything is written: a bad checkpoint must leave the run dir untouched.
     if resume_path is not None:
         ckpt_dir, step = resume_path
-        ts, _ = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, ts)
-        ts = trainer.place(ts)
-        resumed_from = int(ts.step)
+        ts, _ = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, trainer.snapshot(state))
+        state = trainer.start(ts)
+        resumed_from = trainer.progress(state)[0]
 
     run_dir.create(cfg)
-    _placement(trainer).write(run_dir.path / "placement.json")
+    trainer.placement.write(run_dir.path / "placement.json")
     logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard)
     checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
     if resumed_from is not None:
@@ -107,12 +133,11 @@ def run(cfg: Config, console=None) -> RunSummary:
         checkpointer.delete_after(resumed_from)
 
     t0 = time.perf_counter()
-    chunk = trainer.run_chunk.lower(ts, jnp.int32(1)).compile()
     eval_key = jax.random.PRNGKey(cfg.runner.seed + 1)
-    evaluate = trainer.evaluate.lower(ts.params, ts.obs_stats, eval_key).compile()
+    trainer.compile(state, eval_key)
     compile_sec = time.perf_counter() - t0
 
-    step = int(ts.step)
+    step = trainer.progress(state)[0]
     start_step = step
     train_sec = 0.0
     last_eval = None
@@ -124,8 +149,9 @@ def run(cfg: Config, console=None) -> RunSummary:
                 target = next_boundary(step, cfg)
                 n = target - step
                 t0 = time.perf_counter()
-                ts, sums = chunk(ts, jnp.int32(n))
+                state, sums = trainer.run_iterations(state, n)
                 metrics = trainer.summarize(sums, n)  # blocks until the chunk is done
+                metrics.update(trainer.flow_stats())
                 dt = time.perf_counter() - t0
                 train_sec += dt
                 step = target
@@ -133,24 +159,25 @@ def run(cfg: Config, console=None) -> RunSummary:
                 metrics["time/env_steps_per_sec"] = n * trainer.env_steps_per_iteration / dt
                 metrics["env/steps"] = step * trainer.env_steps_per_iteration
 
-                if int(ts.bad_iterations) >= cfg.runner.max_nonfinite_updates:
+                bad_iterations = trainer.progress(state)[1]
+                if bad_iterations >= cfg.runner.max_nonfinite_updates:
                     logger.log(step, metrics)
                     raise TrainingDiverged(
-                        f"{int(ts.bad_iterations)} iterations in a row produced non-finite losses or "
+                        f"{bad_iterations} iterations in a row produced non-finite losses or "
                         f"gradients (skipped, parameters untouched); stopped at step {step}. Lower "
                         "actor.optim.lr or check the env's rewards/observations; the last good "
                         f"checkpoint is in {run_dir.checkpoints}"
                     )
                 if _due(step, cfg.runner.eval_interval, final):
                     t0 = time.perf_counter()
-                    ev = evaluate(ts.params, ts.obs_stats, jax.random.fold_in(eval_key, step))
+                    ev = trainer.run_eval(state, jax.random.fold_in(eval_key, step))
                     metrics.update({k: float(v) for k, v in ev.items()})
                     metrics["time/eval_sec"] = time.perf_counter() - t0
                     last_eval = metrics["eval/return"]
                 if _due(step, cfg.runner.log_interval, final) or "eval/return" in metrics:
                     logger.log(step, metrics)
                 if _due(step, cfg.runner.save_interval, final):
-                    checkpointer.save(step, jax.device_get(ts), {"step": step})
+                    checkpointer.save(step, jax.device_get(trainer.snapshot(state)), {"step": step})
                 bar.update(step, metrics)
     finally:
         logger.close()

@@ -1,8 +1,12 @@
 """Meshes, placements and partition rules."""
 
 from rlinf_jax.sharding.mesh import (
+    BATCH_AXES,
     DATA_AXIS,
+    batch_axes,
+    batch_divisor,
     batch_sharding,
+    batch_spec,
     data_mesh,
     replicate,
     replicated,
@@ -32,7 +36,11 @@ from rlinf_jax.sharding.partition import (
 from rlinf_jax.sharding.reshard import reshard, sync_weights
 
 __all__ = [
+    "BATCH_AXES",
     "DATA_AXIS",
+    "batch_axes",
+    "batch_divisor",
+    "batch_spec",
     "DEFAULT_RULES",
     "PARAM_AXES",
     "default_spec",

@@ -1,7 +1,8 @@
-"""Device meshes for data-parallel training.
+"""Device meshes and batch layouts.
 
-A run spreads its env batch over the ``data`` axis; parameters are replicated. The same
-jitted program runs on 1 or N devices: only the shardings of its inputs change.
+A component spreads its batch (envs, samples) over the mesh's batch axes (``data`` and
+``fsdp``); ``tensor`` splits layers, never the batch. The same jitted program runs on 1
+or N devices: only the shardings of its inputs change.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from rlinf_jax.errors import BadInput
 
 DATA_AXIS = "data"
+# Mesh axes a batch is split over; ``tensor`` replicates the batch.
+BATCH_AXES = ("data", "fsdp")
 
 
 def resolve_num_devices(spec: str | int, available: int | None = None) -> int:
@@ -34,19 +37,42 @@ def data_mesh(num_devices: int) -> Mesh:
     return Mesh(devices, (DATA_AXIS,), axis_types=(AxisType.Auto,))
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading axis split over ``data``; every other axis whole."""
-    return NamedSharding(mesh, P(DATA_AXIS))
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    return tuple(a for a in mesh.axis_names if a in BATCH_AXES)
+
+
+def batch_divisor(mesh: Mesh) -> int:
+    """How many ways a batch is split on ``mesh``: batch sizes must be multiples of it."""
+    return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
+
+
+def batch_spec(mesh: Mesh, batch_dim: int = 0) -> P:
+    axes = batch_axes(mesh)
+    return P(*([None] * batch_dim), axes if axes else None)
+
+
+def batch_sharding(mesh: Mesh, batch_dim: int = 0) -> NamedSharding:
+    """The batch dimension split over the batch axes; every other dimension whole."""
+    return NamedSharding(mesh, batch_spec(mesh, batch_dim))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def shard_batch(tree, mesh: Mesh):
-    """Places every leaf with a leading batch axis on the data axis (scalars replicated)."""
+def shard_batch(tree, mesh: Mesh, batch_size: int | None = None):
+    """Splits leaves whose leading dimension is the batch over the batch axes.
+
+    With ``batch_size``, only leaves of that leading size are split and the rest (e.g. a
+    key shared by the whole batch) replicated; without it every non-scalar leaf is split.
+    """
     bs, rep = batch_sharding(mesh), replicated(mesh)
-    return jax.tree.map(lambda x: jax.device_put(x, bs if np.ndim(x) > 0 else rep), tree)
+
+    def place(x):
+        split = np.ndim(x) > 0 and (batch_size is None or np.shape(x)[0] == batch_size)
+        return jax.device_put(x, bs if split else rep)
+
+    return jax.tree.map(place, tree)
 
 
 def replicate(tree, mesh: Mesh):

@@ -82,37 +82,57 @@ class Placement:
 
 
 def derive_mode(sets: dict[str, tuple[int, ...]]) -> str:
-    groups = [set(s) for s in sets.values()]
-    if all(g == groups[0] for g in groups):
+    """collocated: one device set for all; disaggregated: the distinct sets are pairwise
+    disjoint (components sharing a set form one collocated group, e.g. env and rollout
+    together, actor apart); hybrid: some distinct sets overlap."""
+    groups = list({frozenset(s) for s in sets.values()})
+    if len(groups) == 1:
         return "collocated"
     if all(a.isdisjoint(b) for i, a in enumerate(groups) for b in groups[i + 1 :]):
         return "disaggregated"
     return "hybrid"
 
 
-def preset(name: str, components: tuple[str, ...], num_devices: int) -> dict[str, str]:
-    """Sensible splits of the devices for the common layouts.
+def _span(lo: int, hi: int) -> str:
+    return str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}"
 
-    collocated: everything everywhere. disaggregated: the components take disjoint,
-    near-equal slices in the order given (needs a device per component). hybrid: the
-    last component (the learner) spans all devices and the others split them.
+
+def preset(name: str, components: tuple[str, ...], num_devices: int) -> dict[str, str]:
+    """Sensible splits of the devices; the last component is the learner (the actor).
+
+    collocated: everything everywhere. disaggregated: the learner takes half the devices
+    (rounded down) and the others split the rest into disjoint near-equal slices in the
+    order given; on too few devices for that they share their half. hybrid: the others
+    split the devices and the learner spans them all.
     """
-    everything = f"0-{num_devices - 1}"
+    n = num_devices
     if name == "collocated":
-        return {",".join(components): everything}
-    if name in ("disaggregated", "hybrid"):
-        sharers = components if name == "disaggregated" else components[:-1]
-        if len(sharers) > num_devices or (name == "hybrid" and len(components) < 2):
-            raise BadInput(
-                f"cluster.component_placement={name}: {len(sharers)} component(s) to split over {num_devices} device(s); "
-                "use collocated or more devices"
-            )
-        bounds = np.linspace(0, num_devices, len(sharers) + 1).round().astype(int)
-        out = {c: f"{lo}-{hi - 1}" for c, lo, hi in zip(sharers, bounds[:-1], bounds[1:])}
-        if name == "hybrid":
-            out[components[-1]] = everything
-        return out
-    raise BadInput(f"cluster.component_placement={name!r} is not a preset; choose collocated, disaggregated or hybrid, or give a mapping")
+        return {",".join(components): _span(0, n)}
+    if name not in ("disaggregated", "hybrid"):
+        raise BadInput(f"cluster.component_placement={name!r} is not a preset; choose collocated, disaggregated or hybrid, or give a mapping")
+    *sharers, learner = components
+    if not sharers or n < 2:
+        raise BadInput(
+            f"cluster.component_placement={name}: {len(components)} component(s) to split over {n} device(s); "
+            "use collocated or more devices"
+        )
+    if name == "hybrid":
+        lo_hi = (0, n)
+        if len(sharers) > n:
+            raise BadInput(f"cluster.component_placement=hybrid: {len(sharers)} component(s) to split over {n} device(s); use collocated or more devices")
+        out = {}
+    else:
+        half = n // 2
+        lo_hi = (0, n - half)
+        out = {learner: _span(n - half, n)}
+    lo, hi = lo_hi
+    if len(sharers) > hi - lo:  # too few devices: the non-learners share theirs
+        return {",".join(sharers): _span(lo, hi), **out}
+    bounds = np.linspace(lo, hi, len(sharers) + 1).round().astype(int)
+    split = {c: _span(a, b) for c, a, b in zip(sharers, bounds[:-1], bounds[1:])}
+    if name == "hybrid":
+        split[learner] = _span(0, n)
+    return {**split, **out}
 
 
 def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshes: dict | None = None) -> Placement:
