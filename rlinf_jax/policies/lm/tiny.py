@@ -61,8 +61,9 @@ TINY_CONFIGS = {
 }
 
 
-def tiny_hf_model(family: str, seed: int = 0, scale: float = 0.25, **overrides):
-    """A random ``transformers`` causal LM of ``family`` (eager attention, eval mode)."""
+def tiny_hf_model(family: str, seed: int = 0, scale: float = 0.25, attn_implementation: str = "eager", **overrides):
+    """A random ``transformers`` causal LM of ``family`` in eval mode (eager attention: the
+    plainest reference)."""
     import torch
     import transformers
 
@@ -72,7 +73,7 @@ def tiny_hf_model(family: str, seed: int = 0, scale: float = 0.25, **overrides):
         "qwen3": transformers.Qwen3Config,
     }[family]
     config = config_cls(**{**TINY_CONFIGS[family], **overrides})
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     gen = torch.Generator().manual_seed(seed)
