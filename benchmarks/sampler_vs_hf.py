@@ -106,6 +106,9 @@ def main(argv=None) -> None:
     def hf_run(do_sample=True):
         with torch.no_grad():
             return hf.generate(
+                # top_k=0 and top_p=1 explicitly: left unset, transformers 5 falls back to
+                # top_k=50 (its warning that top_k=0 "may be ignored" is spurious: with these
+                # values no logits processor runs, plain sampling as on our side).
                 input_ids=t_ids, attention_mask=t_mask, do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0,
                 max_new_tokens=args.new_tokens,
             )
