@@ -122,9 +122,16 @@ class PPOTrainer:
         return self.place(ts)
 
     def place(self, ts: TrainState) -> TrainState:
-        """Shards the env batch over ``data`` and replicates everything else."""
-        rest = replicate(ts.replace(env_state=None), self.mesh)
-        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs))
+        """Splits the env batch over the batch axes, lays parameters and optimiser state
+        out by the partition rules (replicated on a pure data mesh, FSDP-split on an
+        ``fsdp`` axis) and replicates the rest."""
+        rest = replicate(ts.replace(env_state=None, params=None, opt_state=None), self.mesh)
+        params, opt_state = (
+            jax.device_put(t, param_shardings(t, self.mesh, self.rules)) for t in (ts.params, ts.opt_state)
+        )
+        return rest.replace(
+            params=params, opt_state=opt_state, env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs)
+        )
 
     def model(self, params) -> mlp.ActorCritic:
         return nnx.merge(self.graphdef, params)

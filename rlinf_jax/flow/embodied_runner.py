@@ -10,6 +10,7 @@ what makes a killed-and-resumed run end with exactly the same numbers.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
     return resolve_placement(cfg.cluster.component_placement, EMBODIED_COMPONENTS, num_devices, cfg.cluster.mesh)
 
 
-def build_trainer(cfg: Config, placement: Placement | None = None):
+def build_trainer(cfg: Config, placement: Placement | None = None, log=None):
     """The flow for ``cfg``: the fused single-jit trainer where it applies, else staged.
 
     Fused needs everything collocated, strictly on-policy and one micro-batch; it is the
@@ -83,9 +84,12 @@ def build_trainer(cfg: Config, placement: Placement | None = None):
         if cfg.cluster.component_placement == "auto":
             from rlinf_jax.flow.auto_placement import auto_placement
 
-            placement = auto_placement(cfg, num_devices).placement
-        else:
-            placement = resolve_embodied_placement(cfg, num_devices)
+            plan = auto_placement(cfg, num_devices, log=log)
+            if log:
+                log(f"auto-placement: chose {plan.chosen.candidate.name} ({plan.placement.mode}) after {plan.profile_sec:.1f} s of profiling")
+            plan.trainer.auto_plan = plan
+            return plan.trainer
+        placement = resolve_embodied_placement(cfg, num_devices)
     f = cfg.flow
     fusable = placement.mode == "collocated" and f.num_micro_batches == 1 and f.max_staleness == 0
     if f.runner == "fused" and not fusable:
@@ -98,14 +102,30 @@ def build_trainer(cfg: Config, placement: Placement | None = None):
     else:
         trainer = StagedPPO(cfg, env, eval_env, placement, devices)
     trainer.placement = placement
+    trainer.auto_plan = None
     return trainer
+
+
+def _write_placement(trainer, path: Path, measured: float | None = None) -> None:
+    info = trainer.placement.to_json()
+    info["runner"] = type(trainer).__name__
+    info["num_micro_batches"] = trainer.cfg.flow.num_micro_batches
+    info["max_staleness"] = trainer.cfg.flow.max_staleness
+    if trainer.auto_plan is not None:
+        info["auto"] = trainer.auto_plan.to_json()
+        if measured is not None:
+            predicted = trainer.auto_plan.chosen.predicted_env_steps_per_sec
+            info["auto"]["measured_env_steps_per_sec"] = round(measured, 1)
+            info["auto"]["prediction_error"] = round(predicted / measured - 1.0, 4)
+    path.write_text(json.dumps(info, indent=2) + "\n")
 
 
 def run(cfg: Config, console=None) -> RunSummary:
     """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    trainer = build_trainer(cfg)
+    log = console.print if console is not None and cfg.runner.progress_bar else None
+    trainer = build_trainer(cfg, log=log)
     run_dir = RunDir.from_config(cfg)
     resume_path = resolve_resume(cfg, run_dir)
     if resume_path is None and cfg.runner.resume == "none" and run_dir.has_checkpoints():
@@ -124,7 +144,7 @@ def run(cfg: Config, console=None) -> RunSummary:
         resumed_from = trainer.progress(state)[0]
 
     run_dir.create(cfg)
-    trainer.placement.write(run_dir.path / "placement.json")
+    _write_placement(trainer, run_dir.path / "placement.json")
     logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard)
     checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
     if resumed_from is not None:
@@ -143,8 +163,13 @@ def run(cfg: Config, console=None) -> RunSummary:
     last_eval = None
     try:
         with progress_bar(cfg.runner.max_steps, step, enabled=cfg.runner.progress_bar, console=console) as bar:
+            plan = trainer.auto_plan
             if step == 0:
-                logger.log(0, {"time/compile_sec": compile_sec})
+                first = {"time/compile_sec": compile_sec}
+                if plan is not None:
+                    first["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
+                    first["time/placement_profile_sec"] = plan.profile_sec
+                logger.log(0, first)
             while step < cfg.runner.max_steps:
                 target = next_boundary(step, cfg)
                 n = target - step
@@ -154,9 +179,14 @@ def run(cfg: Config, console=None) -> RunSummary:
                 metrics.update(trainer.flow_stats())
                 dt = time.perf_counter() - t0
                 train_sec += dt
-                step = target
+                step_before, step = step, target
                 final = step == cfg.runner.max_steps
                 metrics["time/env_steps_per_sec"] = n * trainer.env_steps_per_iteration / dt
+                if plan is not None and step_before == start_step:
+                    # The plan's prediction next to what the first chunk actually ran at.
+                    metrics["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
+                    metrics["placement/measured_env_steps_per_sec"] = metrics["time/env_steps_per_sec"]
+                    _write_placement(trainer, run_dir.path / "placement.json", metrics["time/env_steps_per_sec"])
                 metrics["env/steps"] = step * trainer.env_steps_per_iteration
 
                 bad_iterations = trainer.progress(state)[1]

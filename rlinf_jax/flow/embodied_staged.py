@@ -57,7 +57,7 @@ class StagedState:
     rollout_stats: object
     rollout_version: int
     actor_version: int
-    key: jax.Array  # the iteration key chain (actor mesh); advanced once per rollout
+    key: jax.Array  # the iteration key chain (rollout mesh); advanced once per rollout
     channel: Channel = field(repr=False)
 
 
@@ -92,7 +92,9 @@ class StagedPPO:
         self.fused_rollout = env_dev == roll_dev
 
         core = self.core
-        self.split_key = Stage.create("split_key", "actor", self.meshes["actor"], lambda k: tuple(jax.random.split(k, 3)))
+        # The key chain lives with the producer: were it on the actor's devices, every
+        # rollout would queue behind the update it is meant to overlap.
+        self.split_key = Stage.create("split_key", "rollout", self.meshes["rollout"], lambda k: tuple(jax.random.split(k, 3)))
         self.learn = Stage.create("learn", "actor", self.meshes["actor"], core.learn)
         self.infer = Stage.create("infer", "rollout", self.meshes["rollout"], self._infer)
         self.step = Stage.create("step", "env", self.meshes["env"], self._env_step, donate_argnums=0)
@@ -160,14 +162,14 @@ class StagedPPO:
             rollout_stats=self.infer.put(learner.obs_stats),
             rollout_version=0,
             actor_version=0,
-            key=learner.key,
+            key=self.infer.put(learner.key),
             channel=Channel("trajectories", capacity=2 if self.max_staleness else 1, max_staleness=self.max_staleness),
         )
 
     def snapshot(self, s: StagedState) -> TrainState:
         # The key chain may be one rollout ahead of the learner (staleness >= 1): the
         # checkpoint takes the chain's key, so a resume draws fresh, unused keys.
-        return s.learner.replace(env_state=self._join_env(s.env_states), key=s.key)
+        return s.learner.replace(env_state=self._join_env(s.env_states), key=self.learn.put(s.key))
 
     def progress(self, s: StagedState) -> tuple[int, int]:
         return int(s.learner.step), int(s.learner.bad_iterations)
@@ -191,9 +193,7 @@ class StagedPPO:
     # -------------------------------------------------------------- execution
     def _produce(self, s: StagedState) -> None:
         """Enqueues one rollout of the whole env batch with the current rollout weights."""
-        key, rollout_key, update_key = self.split_key(s.key)
-        s.key = key
-        rk = self.infer.put(rollout_key)
+        s.key, rk, update_key = self.split_key(s.key)
         mb = self.micro
         if self.fused_rollout:
             trajs = []
@@ -219,7 +219,7 @@ class StagedPPO:
         trajs = [self.assemble.put(tr, batch_dim=1) for tr in trajs]
         last = [self.assemble.put(st.obs, batch_dim=0) for st in s.env_states]
         traj, last_obs = self.assemble(trajs, last)
-        s.channel.put((traj, last_obs, update_key), s.rollout_version)
+        s.channel.put((traj, last_obs, self.learn.put(update_key)), s.rollout_version)
 
     def _sync(self, s: StagedState) -> None:
         s.rollout_params = sync_weights(s.learner.params, s.rollout_params)

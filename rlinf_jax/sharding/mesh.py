@@ -69,7 +69,9 @@ def shard_batch(tree, mesh: Mesh, batch_size: int | None = None):
     bs, rep = batch_sharding(mesh), replicated(mesh)
 
     def place(x):
-        split = np.ndim(x) > 0 and (batch_size is None or np.shape(x)[0] == batch_size)
+        # Empty leaves (MJX states are full of [B, 0] arrays) stay replicated: jit returns
+        # them replicated whatever went in, and the next call must see the same layout.
+        split = np.ndim(x) > 0 and np.size(x) > 0 and (batch_size is None or np.shape(x)[0] == batch_size)
         return jax.device_put(x, bs if split else rep)
 
     return jax.tree.map(place, tree)
