@@ -13,6 +13,13 @@
 - Sampling uses one uniform per row and step and inverts the CDF of the (filtered)
   distribution; exact like the Gumbel trick, but with ``B`` random numbers a step instead
   of ``B * vocab``, which matters on CPU.
+- On a mesh (``Sampler(model, mesh=...)``, e.g. the rollout's component mesh) parameters are
+  laid out by the partition rules (heads, MLP and vocabulary over ``tensor``, ...), and the
+  batch rows (prompts, cache, outputs) are split over ``data`` and ``fsdp`` and the cache's KV
+  heads over ``tensor``, each only where the axis divides the size (else that dimension
+  stays whole). The layout is pinned inside the jitted prefill and decode, so the cache the
+  decode loop carries and donates never changes layout. Since each row's randomness is
+  its own, a sharded run samples what a single-device run samples.
 
 Log-probs: ``logprobs[b, t]`` is ``log_softmax(logits / temperature)`` at the chosen token:
 the temperature-scaled distribution *before* top-k / top-p truncation, which is what a
@@ -33,6 +40,8 @@ import numpy as np
 from flax import nnx
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.sharding.partition import DEFAULT_RULES, logical_to_spec, param_shardings
+from rlinf_jax.sharding.reshard import reshard
 
 
 def bucket_length(n: int, minimum: int = 8) -> int:
@@ -90,6 +99,40 @@ class DecodeState(NamedTuple):
     logprobs: jax.Array  # [B, N]
     done: jax.Array  # [B]
     step: jax.Array  # scalar int32: tokens generated so far
+
+
+class Layout(NamedTuple):
+    """Where the sampler's arrays live on a mesh (hashable: a static argument of the jits).
+
+    ``rows`` splits the leading (batch) axis of every per-row array; ``cache`` is for the
+    ``[B, kv_heads, S, head_dim]`` KV arrays; ``replicated`` for scalars and the key.
+    """
+
+    rows: jax.sharding.NamedSharding
+    cache: jax.sharding.NamedSharding
+    replicated: jax.sharding.NamedSharding
+
+    @classmethod
+    def for_batch(cls, mesh, batch: int, kv_heads: int, rules=None) -> Layout:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        rows = logical_to_spec(("batch",), mesh, rules, shape=(batch,))
+        cache = logical_to_spec(("batch", "kv_heads"), mesh, rules, shape=(batch, kv_heads))
+        return cls(NamedSharding(mesh, rows), NamedSharding(mesh, cache), NamedSharding(mesh, PartitionSpec()))
+
+    def pin_cache(self, cache):
+        """``cache`` (a `KVCache`) constrained to this layout (inside a jit)."""
+        pin = functools.partial(jax.lax.with_sharding_constraint, shardings=self.cache)
+        return type(cache)(tuple(map(pin, cache.keys)), tuple(map(pin, cache.values)))
+
+    def pin_state(self, state: DecodeState) -> DecodeState:
+        """``state`` constrained to this layout (inside a jit)."""
+        pin = jax.lax.with_sharding_constraint
+        rows = {f: pin(getattr(state, f), self.rows) for f in _ROW_FIELDS}
+        return state._replace(cache=self.pin_cache(state.cache), step=pin(state.step, self.replicated), **rows)
+
+
+_ROW_FIELDS = ("key_mask", "prompt_lengths", "uniforms", "tokens", "logprobs", "done")
 
 
 def _filter_logits(logits, top_k: int, use_top_p: bool, top_p):
@@ -182,15 +225,21 @@ def _uniforms(key, sample_ids, steps: int) -> jax.Array:
     return jax.vmap(row)(sample_ids)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id"))
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout")
+)
 def _prefill(
     graphdef, params, prompt, prompt_mask, key, sample_ids, temperature, top_p, stop_tokens,
-    *, gen_len, greedy, top_k, use_top_p, pad_id,
+    *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None,
 ):
     model = nnx.merge(graphdef, params)
     B, P = prompt.shape
     key_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((B, gen_len), bool)], axis=1)
     cache = model.init_cache(B, P + gen_len)
+    if layout is not None:
+        # Created inside the jit, the cache has no layout of its own: give it the state's
+        # before the prompt is written into it.
+        cache = layout.pin_cache(cache)
     hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0)
     logits = model.logits(hidden[:, -1])  # left-padded: the last column is every row's last token
     uniforms = _uniforms(key, sample_ids, gen_len)
@@ -205,17 +254,18 @@ def _prefill(
         step=jnp.zeros((), jnp.int32),
     )
     token, logp = _choose(logits, uniforms[:, 0], temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
-    return _record(state, token, logp, stop_tokens, pad_id)
+    state = _record(state, token, logp, stop_tokens, pad_id)
+    return state if layout is None else layout.pin_state(state)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "prompt_len", "greedy", "top_k", "use_top_p", "pad_id"),
+    static_argnames=("graphdef", "prompt_len", "greedy", "top_k", "use_top_p", "pad_id", "layout"),
     donate_argnames=("state",),
 )
 def _decode(
     graphdef, params, state: DecodeState, max_new_tokens, temperature, top_p, stop_tokens,
-    *, prompt_len, greedy, top_k, use_top_p, pad_id,
+    *, prompt_len, greedy, top_k, use_top_p, pad_id, layout=None,
 ):
     model = nnx.merge(graphdef, params)
 
@@ -229,7 +279,9 @@ def _decode(
         logits, cache = model(last, s.key_mask, positions, cache=s.cache, cache_index=prompt_len + s.step - 1)
         u = jax.lax.dynamic_index_in_dim(s.uniforms, s.step, axis=1, keepdims=False)
         token, logp = _choose(logits[:, 0], u, temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
-        return _record(s._replace(cache=cache), token, logp, stop_tokens, pad_id)
+        s = _record(s._replace(cache=cache), token, logp, stop_tokens, pad_id)
+        # The loop carry keeps the layout it came in with (the donated buffers are reused).
+        return s if layout is None else layout.pin_state(s)
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -239,16 +291,32 @@ class Sampler:
 
     ``Sampler(model)`` splits the model once; ``set_params`` swaps in new weights (same
     structure, e.g. after a training step) without recompiling.
+
+    With ``mesh`` (a `jax.sharding.Mesh` with some of the axes ``data``, ``fsdp``,
+    ``tensor``), parameters are placed by `param_shardings` under ``rules`` (default
+    `DEFAULT_RULES`) and each batch is split as `Layout.for_batch` says; ``set_params``
+    moves new weights onto the same layout (no copy for leaves already there).
     """
 
-    def __init__(self, model, *, pad_id: int = 0, min_bucket: int = 8):
-        self.graphdef, self.params = nnx.split(model)
+    def __init__(self, model, *, pad_id: int = 0, min_bucket: int = 8, mesh=None, rules=None):
+        self.graphdef, params = nnx.split(model)
         self.vocab_size = model.config.vocab_size
+        self.num_kv_heads = model.config.num_kv_heads
         self.pad_id = int(pad_id)
         self.min_bucket = min_bucket
+        self.mesh = mesh
+        self.rules = DEFAULT_RULES if rules is None else rules
+        self.param_shardings = None if mesh is None else param_shardings(params, mesh, self.rules)
+        self.set_params(params)
 
     def set_params(self, params) -> None:
-        self.params = params
+        self.params = params if self.param_shardings is None else reshard(params, self.param_shardings)
+
+    def layout(self, batch: int) -> Layout | None:
+        """Where a batch of ``batch`` rows lives (None without a mesh)."""
+        if self.mesh is None:
+            return None
+        return Layout.for_batch(self.mesh, batch, self.num_kv_heads, self.rules)
 
     def generate(self, prompt_ids, prompt_mask, key, sampling: SamplingParams, sample_ids=None) -> SampleOutput:
         """Sample ``sampling.max_new_tokens`` tokens after each prompt.
@@ -283,16 +351,24 @@ class Sampler:
             "use_top_p": sampling.top_p < 1.0,
             "pad_id": self.pad_id,
         }
-        temperature = jnp.float32(1.0 if sampling.greedy else sampling.temperature)
-        top_p = jnp.float32(sampling.top_p)
-        stop = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)  # -1 never matches a token
+        layout = self.layout(B)
+        temperature = np.float32(1.0 if sampling.greedy else sampling.temperature)
+        top_p = np.float32(sampling.top_p)
+        stop = np.asarray(sampling.stop_tokens or (-1,), np.int32)  # -1 never matches a token
+        rows = (ids, mask, np.asarray(sample_ids, np.uint32))
+        shared = (key, temperature, top_p, stop, np.int32(sampling.max_new_tokens))
+        if layout is None:
+            rows, shared = jax.device_put(rows), jax.device_put(shared)
+        else:
+            rows, shared = jax.device_put(rows, layout.rows), jax.device_put(shared, layout.replicated)
+        (ids, mask, sample_ids), (key, temperature, top_p, stop, max_new) = rows, shared
         state = _prefill(
-            self.graphdef, self.params, jnp.asarray(ids), jnp.asarray(mask), key,
-            jnp.asarray(sample_ids, jnp.uint32), temperature, top_p, stop, gen_len=N_b, **static,
+            self.graphdef, self.params, ids, mask, key, sample_ids, temperature, top_p, stop,
+            gen_len=N_b, layout=layout, **static,
         )
         state = _decode(
-            self.graphdef, self.params, state, jnp.int32(sampling.max_new_tokens), temperature, top_p, stop,
-            prompt_len=P_b, **static,
+            self.graphdef, self.params, state, max_new, temperature, top_p, stop,
+            prompt_len=P_b, layout=layout, **static,
         )
         return _finish(state.tokens, state.logprobs, stop, sampling.max_new_tokens)
 
