@@ -147,3 +147,61 @@ def test_fused_runner_refuses_a_pipelined_layout(tmp_path):
 
     with pytest.raises(BadInput, match="flow.runner=fused needs a collocated placement"):
         build_trainer(_cfg(tmp_path, "x", "flow.runner=fused", "flow.max_staleness=1"))
+
+
+# ------------------------------------------------------------- auto-placement
+_AUTO_SCRIPT = """
+import json, sys, time, jax
+from rlinf_jax.config import load_config
+from rlinf_jax.flow.auto_placement import Candidate, auto_placement
+cfg = load_config("ppo_brax", sys.argv[1:])
+# Built so one layout is clearly faster: a tiny policy and env, where the hybrid layout's
+# per-step hand-offs between the env and rollout devices cost far more than the compute.
+cands = [
+    Candidate("hybrid", {"env": "0", "rollout": "1", "actor": "0-1"}, 2),
+    Candidate("collocated", {"env,rollout,actor": "0-1"}),
+]
+plan = auto_placement(cfg, 2, cands)
+measured = {}
+for prof, trainer in zip(plan.profiles, plan.trainers):
+    state = trainer.init()
+    trainer.compile(state, jax.random.PRNGKey(0))
+    state, sums = trainer.run_iterations(state, 1)
+    trainer.summarize(sums, 1)
+    t0 = time.perf_counter()
+    state, sums = trainer.run_iterations(state, 4)
+    trainer.summarize(sums, 4)
+    measured[prof.candidate.name] = 4 * trainer.env_steps_per_iteration / (time.perf_counter() - t0)
+print(json.dumps({"plan": plan.to_json(), "mode": plan.placement.mode, "measured": measured}))
+"""
+
+
+@pytest.mark.slow
+def test_auto_placement_picks_the_faster_layout():
+    proc = subprocess.run(
+        [sys.executable, "-c", _AUTO_SCRIPT, *TINY, "algorithm.rollout_length=32"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    plan, measured = out["plan"], out["measured"]
+    assert plan["chosen"] == "collocated" and out["mode"] == "collocated"
+    assert max(measured, key=measured.get) == "collocated", measured
+    predicted = {c["name"]: c["predicted_env_steps_per_sec"] for c in plan["candidates"]}
+    assert predicted["collocated"] > predicted["hybrid"]
+    assert plan["predicted_env_steps_per_sec"] == predicted["collocated"]
+
+
+def test_auto_placement_run_records_plan_prediction_and_measurement(tmp_path):
+    cfg = _cfg(tmp_path, "auto", "cluster.component_placement=auto", "runner.max_steps=2", "runner.eval_interval=2")
+    run(cfg)
+    placement = json.loads((tmp_path / "auto" / "placement.json").read_text())
+    auto = placement["auto"]
+    assert auto["chosen"] == "collocated"  # the only layout on one device
+    assert auto["measured_env_steps_per_sec"] > 0 and "prediction_error" in auto
+    first = read_metrics(tmp_path / "auto" / "metrics.jsonl")[1]
+    assert first["placement/measured_env_steps_per_sec"] == pytest.approx(auto["measured_env_steps_per_sec"], rel=1e-3)
+    assert first["placement/predicted_env_steps_per_sec"] == pytest.approx(auto["predicted_env_steps_per_sec"], rel=1e-3)

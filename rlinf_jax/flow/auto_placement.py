@@ -77,6 +77,8 @@ class AutoPlan:
     profiles: list[Profile]
     trainer: object = field(repr=False, default=None)
     profile_sec: float = 0.0
+    # Every profiled candidate's trainer (compiled), in `profiles` order.
+    trainers: list = field(repr=False, default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -198,4 +200,5 @@ def auto_placement(cfg: Config, num_devices: int, cands: list[Candidate] | None 
         profiles=profiles,
         trainer=trainer,
         profile_sec=time.perf_counter() - t0,
+        trainers=trainers,
     )

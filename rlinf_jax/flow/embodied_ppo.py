@@ -27,6 +27,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
+from rlinf_jax.sharding.mesh import fetch
 
 
 @struct.dataclass
@@ -110,9 +111,11 @@ class PPOTrainer:
         key = jax.random.PRNGKey(self.cfg.runner.seed)
         key, reset_key = jax.random.split(key)
         env_state = jax.jit(self.env.reset)(reset_key)
+        # Fresh buffers: the chunk donates its state, and init() may be called again.
+        params = jax.tree.map(jnp.copy, self._init_params)
         ts = TrainState(
-            params=self._init_params,
-            opt_state=self.tx.init(self._init_params),
+            params=params,
+            opt_state=self.tx.init(params),
             obs_stats=normalization.init_stats(self.env.observation_size),
             env_state=env_state,
             key=key,
@@ -305,7 +308,7 @@ class PPOTrainer:
 
     def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
         """Turns a chunk's summed metrics into per-iteration means and episode averages."""
-        sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+        sums = {k: float(v) for k, v in fetch(sums).items()}
         out = {k: v / num_iterations for k, v in sums.items() if k not in _EPISODE_SUMS}
         out["train/skipped_updates"] = sums["train/skipped_updates"]
         episodes = sums["env/episodes"]
