@@ -205,3 +205,20 @@ def test_auto_placement_run_records_plan_prediction_and_measurement(tmp_path):
     first = read_metrics(tmp_path / "auto" / "metrics.jsonl")[1]
     assert first["placement/measured_env_steps_per_sec"] == pytest.approx(auto["measured_env_steps_per_sec"], rel=1e-3)
     assert first["placement/predicted_env_steps_per_sec"] == pytest.approx(auto["predicted_env_steps_per_sec"], rel=1e-3)
+
+
+def test_offloaded_optimizer_state_waits_in_host_memory_and_changes_nothing(tmp_path):
+    import jax
+
+    from rlinf_jax.flow.embodied_runner import build_trainer
+
+    results = []
+    for offload in ("false", "true"):
+        trainer = build_trainer(_cfg(tmp_path, "o", "flow.runner=staged", f"flow.offload_optimizer={offload}"))
+        state, sums = trainer.run_iterations(trainer.init(), 2)
+        kinds = {x.sharding.memory_kind for x in jax.tree.leaves(state.learner.opt_state)}
+        assert kinds == ({"pinned_host"} if offload == "true" else {"device"})
+        results.append((trainer.summarize(sums, 2), jax.tree.leaves(jax.device_get(trainer.snapshot(state)))))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)

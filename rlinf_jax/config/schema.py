@@ -121,6 +121,9 @@ class FlowConfig:
     # How many policy versions the trajectories the actor trains on may lag behind it:
     # 0 = strictly on-policy; 1 lets the next rollout overlap the current update.
     max_staleness: int = 0
+    # Park the actor's optimiser state in host memory (JAX memory kinds) while the
+    # rollout runs; worth it when actor and rollout share devices and memory is tight.
+    offload_optimizer: bool = False
 
 
 @dataclass

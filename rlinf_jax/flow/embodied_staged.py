@@ -17,6 +17,9 @@ Every number matches the fused single-jit trainer for the same seed (up to float
 reduction order): random keys belong to envs (folded from the global env index) and
 to iterations, never to micro-batches, and the actor runs `PPOTrainer.learn` itself.
 With ``max_staleness`` >= 1 the samples are one policy version older, by design.
+
+Across hosts the same code runs in every process; data that moves between components
+on different hosts goes through `sharding.mesh.put` / `fetch` (collective there).
 """
 
 from __future__ import annotations
@@ -34,15 +37,20 @@ from rlinf_jax.flow.channel import Channel
 from rlinf_jax.flow.embodied_ppo import PPOTrainer, TrainState
 from rlinf_jax.flow.stage import Stage
 from rlinf_jax.rollout import env_keys, env_step, step_keys, unroll
+from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import (
     Placement,
     batch_divisor,
     batch_sharding,
     component_mesh,
+    host_memory_supported,
     param_shardings,
+    park,
     shard_batch,
     sync_weights,
+    unpark,
 )
+from rlinf_jax.sharding.mesh import fetch, put, replicated
 
 COMPONENTS = ("env", "rollout", "actor")
 
@@ -59,6 +67,15 @@ class StagedState:
     actor_version: int
     key: jax.Array  # the iteration key chain (rollout mesh); advanced once per rollout
     channel: Channel = field(repr=False)
+
+
+class _Stage(Stage):
+    """A stage whose inputs may sit on another host's devices (multi-host runs)."""
+
+    def put(self, tree, batch_dim: int | None = None):
+        if not is_multiprocess():
+            return super().put(tree, batch_dim)
+        return put(tree, replicated(self.mesh) if batch_dim is None else batch_sharding(self.mesh, batch_dim))
 
 
 class StagedPPO:
@@ -84,6 +101,9 @@ class StagedPPO:
                 "cannot split; use env.reset_mode=cached or flow.num_micro_batches=1"
             )
         self.max_staleness = f.max_staleness
+        self.offload = f.offload_optimizer
+        if self.offload and not host_memory_supported(self.meshes["actor"].devices.flat[0]):
+            raise BadInput("flow.offload_optimizer=true but these devices have no host memory kind; set it to false")
         self.T = cfg.algorithm.rollout_length
         self.env_steps_per_iteration = self.core.env_steps_per_iteration
         env_dev, roll_dev = (placement.components[c] for c in ("env", "rollout"))
@@ -94,17 +114,17 @@ class StagedPPO:
         core = self.core
         # The key chain lives with the producer: were it on the actor's devices, every
         # rollout would queue behind the update it is meant to overlap.
-        self.split_key = Stage.create("split_key", "rollout", self.meshes["rollout"], lambda k: tuple(jax.random.split(k, 3)))
-        self.learn = Stage.create("learn", "actor", self.meshes["actor"], core.learn)
-        self.infer = Stage.create("infer", "rollout", self.meshes["rollout"], self._infer)
-        self.step = Stage.create("step", "env", self.meshes["env"], self._env_step, donate_argnums=0)
-        self.unroll = Stage.create("unroll", "rollout", self.meshes["rollout"], self._unroll, donate_argnums=2)
-        self.stack = Stage.create("stack", "env", self.meshes["env"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
-        self.stack_r = Stage.create("stack_r", "rollout", self.meshes["rollout"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+        self.split_key = _Stage.create("split_key", "rollout", self.meshes["rollout"], lambda k: tuple(jax.random.split(k, 3)))
+        self.learn = _Stage.create("learn", "actor", self.meshes["actor"], core.learn)
+        self.infer = _Stage.create("infer", "rollout", self.meshes["rollout"], self._infer)
+        self.step = _Stage.create("step", "env", self.meshes["env"], self._env_step, donate_argnums=0)
+        self.unroll = _Stage.create("unroll", "rollout", self.meshes["rollout"], self._unroll, donate_argnums=2)
+        self.stack = _Stage.create("stack", "env", self.meshes["env"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+        self.stack_r = _Stage.create("stack_r", "rollout", self.meshes["rollout"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
         actor_mesh = self.meshes["actor"]
         traj_sharding = batch_sharding(actor_mesh, batch_dim=1)
         obs_sharding = batch_sharding(actor_mesh, batch_dim=0)
-        self.assemble = Stage(
+        self.assemble = _Stage(
             "assemble",
             "actor",
             actor_mesh,
@@ -131,7 +151,7 @@ class StagedPPO:
     # ------------------------------------------------------------- placement
     def _split_env(self, env_state: EnvState) -> list[EnvState]:
         B, mb = self.env.num_envs, self.micro
-        host = jax.device_get(env_state)
+        host = fetch(env_state)
         parts = []
         for m in range(self.num_micro):
             part = jax.tree.map(lambda x: x[m * mb : (m + 1) * mb] if np.ndim(x) and x.shape[0] == B else x, host)
@@ -139,7 +159,7 @@ class StagedPPO:
         return parts
 
     def _join_env(self, parts: list[EnvState]) -> EnvState:
-        host = jax.device_get(parts)
+        host = fetch(parts)
         B = self.env.num_envs
         return jax.tree.map(
             lambda *xs: np.concatenate(xs) if np.ndim(xs[0]) and xs[0].shape[0] * len(xs) == B else xs[0], *host
@@ -147,14 +167,16 @@ class StagedPPO:
 
     # ---------------------------------------------------------- flow interface
     def init(self) -> StagedState:
-        return self.start(jax.device_get(self.core.init()))
+        return self.start(fetch(self.core.init()))
 
     def start(self, ts: TrainState) -> StagedState:
         learner = self.core.place(ts.replace(env_state=None))
+        if self.offload:
+            learner = learner.replace(opt_state=park(learner.opt_state))
         rollout_mesh = self.meshes["rollout"]
         # The rollout lays the same weights out by its own mesh (e.g. tensor- rather than
         # FSDP-split); weight sync reshards onto exactly this layout every iteration.
-        rollout_params = jax.device_put(learner.params, param_shardings(learner.params, rollout_mesh, self.core.rules))
+        rollout_params = put(learner.params, param_shardings(learner.params, rollout_mesh, self.core.rules))
         return StagedState(
             learner=learner,
             env_states=self._split_env(ts.env_state),
@@ -172,7 +194,8 @@ class StagedPPO:
         return s.learner.replace(env_state=self._join_env(s.env_states), key=self.learn.put(s.key))
 
     def progress(self, s: StagedState) -> tuple[int, int]:
-        return int(s.learner.step), int(s.learner.bad_iterations)
+        step, bad = fetch((s.learner.step, s.learner.bad_iterations))
+        return int(step), int(bad)
 
     def compile(self, s: StagedState, eval_key) -> None:
         # Jitted stages compile on first use; run one throwaway iteration's worth of
@@ -222,8 +245,13 @@ class StagedPPO:
         s.channel.put((traj, last_obs, self.learn.put(update_key)), s.rollout_version)
 
     def _sync(self, s: StagedState) -> None:
-        s.rollout_params = sync_weights(s.learner.params, s.rollout_params)
-        s.rollout_stats = sync_weights(s.learner.obs_stats, s.rollout_stats)
+        if is_multiprocess():  # the actor's and the rollout's devices may be on different hosts
+            shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
+            s.rollout_params = put(s.learner.params, shardings(s.rollout_params))
+            s.rollout_stats = put(s.learner.obs_stats, shardings(s.rollout_stats))
+        else:
+            s.rollout_params = sync_weights(s.learner.params, s.rollout_params)
+            s.rollout_stats = sync_weights(s.learner.obs_stats, s.rollout_stats)
         s.rollout_version = s.actor_version
 
     def run_iterations(self, s: StagedState, n: int):
@@ -232,7 +260,11 @@ class StagedPPO:
             if not len(s.channel):
                 self._produce(s)
             (traj, last_obs, update_key), _ = s.channel.get(s.actor_version)
+            if self.offload:
+                s.learner = s.learner.replace(opt_state=unpark(s.learner.opt_state))
             s.learner, metrics = self.learn(s.learner, traj, last_obs, update_key)
+            if self.offload:
+                s.learner = s.learner.replace(opt_state=park(s.learner.opt_state))
             s.actor_version += 1
             if self.max_staleness:
                 # Enqueue the next rollout with the weights it already has; it runs on the

@@ -33,6 +33,7 @@ from rlinf_jax.sharding.partition import (
     rules_from_config,
     shard_params,
 )
+from rlinf_jax.sharding.memory import host_memory_supported, park, unpark
 from rlinf_jax.sharding.reshard import reshard, sync_weights
 
 __all__ = [
@@ -44,6 +45,9 @@ __all__ = [
     "DEFAULT_RULES",
     "PARAM_AXES",
     "default_spec",
+    "host_memory_supported",
+    "park",
+    "unpark",
     "init_sharded",
     "logical_axes",
     "logical_to_spec",
