@@ -222,3 +222,22 @@ def test_offloaded_optimizer_state_waits_in_host_memory_and_changes_nothing(tmp_
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1], results[1][1]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("cluster.component_placement={env: 0-3, rollout: 0, actor: 0}", "out of range"),
+        ("cluster.component_placement={env: 0, rollout: 0}", "no devices for actor"),
+        ("cluster.component_placement={env: 0, rollout: 0, actor: 0, critic: 0}", "unknown component 'critic'"),
+        ("cluster.mesh.actor={data: 2}", "make the axis sizes multiply to 1"),
+        ("cluster.component_placement=disaggregated", "3 component(s) to split over 1"),
+    ],
+)
+def test_bad_placements_at_the_cli_are_one_line_exit_2(tmp_path, capsys, override, fragment):
+    from rlinf_jax.train import main
+
+    assert main([*TINY, f"runner.output_dir={tmp_path}", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and fragment in err and "\n" not in err
+    assert not any(tmp_path.iterdir())  # nothing written
