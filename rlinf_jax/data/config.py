@@ -1,0 +1,60 @@
+"""Settings of the reasoning data layer (the ``data:`` section of a reasoning recipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_jax.errors import BadInput
+
+SOURCES = ("procedural", "files", "reasoning_gym")
+
+
+@dataclass
+class DataConfig:
+    # Where prompts come from: the built-in generator, local files, or reasoning-gym.
+    source: str = "procedural"
+    # source=files: JSON Lines / JSON / Parquet; keys may be dotted (reward_model.ground_truth).
+    train_path: str = ""
+    eval_path: str = ""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    # source=procedural: levels of rlinf_jax.data.math_tasks.LEVELS per split, and the share of
+    # the problem space set aside for the held-out split.
+    train_levels: tuple[int, ...] = (1,)
+    eval_levels: tuple[int, ...] = (1,)
+    heldout_fraction: float = 0.2
+    # source=procedural and reasoning_gym: dataset sizes.
+    train_size: int = 10_000
+    eval_size: int = 200
+    reasoning_gym_task: str = ""
+    # Prompt template: "plain", "math" (asks for a \boxed{} answer) or a text with {prompt}.
+    template: str = "math"
+    use_chat_template: bool = False
+    system_prompt: str = ""
+    # Seeds the generator and the loader's per-epoch shuffles.
+    seed: int = 0
+    shuffle: bool = True
+
+    def validate(self) -> DataConfig:
+        from rlinf_jax.data.math_tasks import check_levels
+        from rlinf_jax.data.templates import template_text
+
+        if self.source not in SOURCES:
+            raise BadInput(f"data.source={self.source!r} is unknown; use one of {', '.join(SOURCES)}")
+        if self.source == "files" and not self.train_path:
+            raise BadInput("data.source=files needs data.train_path (a .jsonl or .parquet file)")
+        if self.source == "reasoning_gym" and not self.reasoning_gym_task:
+            raise BadInput("data.source=reasoning_gym needs data.reasoning_gym_task (e.g. basic_arithmetic)")
+        for name in ("prompt_key", "answer_key"):
+            if not getattr(self, name):
+                raise BadInput(f"data.{name} is empty; name the record's field")
+        if self.source == "procedural":
+            self.train_levels = check_levels(self.train_levels)
+            self.eval_levels = check_levels(self.eval_levels)
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise BadInput(f"data.heldout_fraction={self.heldout_fraction} must lie strictly between 0 and 1")
+        for name in ("train_size", "eval_size"):
+            if getattr(self, name) <= 0:
+                raise BadInput(f"data.{name}={getattr(self, name)} must be positive")
+        template_text(self.template)
+        return self
