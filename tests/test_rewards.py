@@ -260,3 +260,19 @@ def test_unpicklable_checker_is_refused_for_processes():
         RewardFunction(RewardConfig(num_workers=1), checker=lambda r, a: 1.0)
     # In process it is fine.
     assert RewardFunction(RewardConfig(num_workers=0), checker=lambda r, a: 1.0)(["x"], ["y"]).rewards.tolist() == [1.0]
+
+
+def test_an_outer_alarm_survives_an_inline_check():
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(time.monotonic()))
+    t0 = time.monotonic()
+    prev = signal.setitimer(signal.ITIMER_REAL, 0.5)  # pytest-timeout's own alarm, if any, is put back below
+    try:
+        assert call_with_timeout(spinning_checker, ("hang", "1"), 0.1) == ("timeout", None)
+        assert signal.getsignal(signal.SIGALRM) is not None and 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.4
+        while not fired and time.monotonic() - t0 < 3:
+            time.sleep(0.01)
+        assert fired and 0.45 < fired[0] - t0 < 1.5  # the outer alarm fired on its own schedule
+    finally:
+        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_REAL, max(prev[0] - (time.monotonic() - t0), 0.0) if prev[0] else 0.0, prev[1])

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
@@ -40,14 +41,15 @@ def _on_alarm(signum, frame):
 def call_with_timeout(fn, args, timeout_s: float | None):
     """``fn(*args)`` in this thread as ``(status, value)``; never raises for what ``fn`` does.
 
-    The alarm needs the main thread of the process; elsewhere the call runs unbounded.
+    The alarm needs the main thread of the process; elsewhere the call runs unbounded. An alarm
+    someone else had set (a test timeout, say) is put back afterwards with its remaining time.
     """
     armed = bool(timeout_s) and threading.current_thread() is threading.main_thread()
-    old = None
+    old_handler, old_timer, t0 = None, (0.0, 0.0), time.monotonic()
     try:
         if armed:
-            old = signal.signal(signal.SIGALRM, _on_alarm)
-            signal.setitimer(signal.ITIMER_REAL, float(timeout_s))
+            old_handler = signal.signal(signal.SIGALRM, _on_alarm)
+            old_timer = signal.setitimer(signal.ITIMER_REAL, float(timeout_s))
         try:
             value = fn(*args)
         finally:
@@ -63,7 +65,9 @@ def call_with_timeout(fn, args, timeout_s: float | None):
     finally:
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+            signal.signal(signal.SIGALRM, old_handler)
+            if old_timer[0] > 0:  # an outer deadline that passed meanwhile fires right away
+                signal.setitimer(signal.ITIMER_REAL, max(old_timer[0] - (time.monotonic() - t0), 1e-3), old_timer[1])
 
 
 def _serve(read_fd: int, write_fd: int) -> None:
@@ -100,6 +104,11 @@ def _serve(read_fd: int, write_fd: int) -> None:
 _WORKER_CODE = "import sys; from rlinf_jax.rewards.pool import _serve; _serve(int(sys.argv[1]), int(sys.argv[2]))"
 
 
+def _reap(proc):
+    if proc.poll() is None:
+        proc.kill()
+
+
 class _Worker:
     def __init__(self, preload: tuple[str, ...]):
         to_child_r, to_child_w = os.pipe()
@@ -117,6 +126,9 @@ class _Worker:
         self.tx = Connection(to_child_w, readable=False)
         self.rx = Connection(from_child_r, writable=False)
         self.tx.send(list(sys.path))
+        # Reap the process even if the pool is never closed (a worker stuck in a call would
+        # not notice its parent exit).
+        weakref.finalize(self, _reap, self.proc)
         self.task: int | None = None
         self.deadline = 0.0
 
@@ -124,7 +136,7 @@ class _Worker:
         try:
             self.proc.kill()
             self.proc.wait(timeout=5)
-        except Exception:
+        except (OSError, subprocess.TimeoutExpired):  # already gone, or stuck in the kernel: nothing more to do
             pass
         for c in (self.tx, self.rx):
             try:
@@ -134,9 +146,9 @@ class _Worker:
 
     def close(self):
         try:
-            self.tx.send(None)
+            self.tx.send(None)  # ask it to exit; kill() below covers a worker that does not
             self.proc.wait(timeout=2)
-        except Exception:
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             pass
         self.kill()
 
