@@ -362,6 +362,8 @@ def test_char_tokenizer_round_trip_and_ids():
     assert tok.decode(ids) == "<bos>42<eos><pad>"
     assert tok.decode(ids, skip_special_tokens=True) == "42"
     assert tok.batch_decode([ids, ids[:2]], skip_special_tokens=True) == ["42", "4"]
+    assert tok.decode([21, 100, 7 * 1000, -1, 21]) == "0<unk><unk><unk>0"  # ids past the vocabulary
+    assert tok.decode(np.array([[21, 100]]), skip_special_tokens=True) == "0"
 
 
 def test_char_tokenizer_left_padding():

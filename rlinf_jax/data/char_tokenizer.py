@@ -78,8 +78,9 @@ class CharTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         out = []
         for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
-            if not 0 <= i < len(self._tokens):
-                raise ValueError(f"token id {i} is outside the character vocabulary [0, {len(self._tokens)})")
+            # A model whose embedding is padded past the vocabulary can sample such ids; they
+            # read as unk rather than stopping the run.
+            i = i if 0 <= i < len(self._tokens) else self.unk_id
             if i < len(SPECIAL_TOKENS) and skip_special_tokens:
                 continue
             out.append(self._tokens[i])
