@@ -27,7 +27,6 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
-from rlinf_jax.sharding.mesh import fetch
 
 
 @struct.dataclass
@@ -308,7 +307,7 @@ class PPOTrainer:
 
     def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
         """Turns a chunk's summed metrics into per-iteration means and episode averages."""
-        sums = {k: float(v) for k, v in fetch(sums).items()}
+        sums = {k: float(v) for k, v in jax.device_get(sums).items()}
         out = {k: v / num_iterations for k, v in sums.items() if k not in _EPISODE_SUMS}
         out["train/skipped_updates"] = sums["train/skipped_updates"]
         episodes = sums["env/episodes"]
