@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""LM training step: ``rlinf_jax.policies.lm`` + optax vs. transformers + torch.
+
+One step = forward, backward and an AdamW update on a batch of ``--batch`` x ``--seq``
+token ids (default 32 x 128) with the causal LM objective: the mean cross-entropy of each
+token given the ones before it (``T - 1`` targets per row, no padding). The model is the
+one ``sampler_vs_hf.py`` uses (its ``MODEL``: Qwen2, hidden 256, 4 layers, 4 heads, 2 KV
+heads, intermediate 512, vocabulary 2048, tied embeddings; ~2.9M parameters), built by
+transformers and loaded into ours through ``save_pretrained`` / ``from_pretrained``, so both
+sides start from the same float32 weights. AdamW has the same hyperparameters on both
+sides (torch's ``AdamW`` and ``optax.adamw`` decay weights the same decoupled way).
+
+ONE CPU core for both: the process is pinned to one core (``--cpu``, default the first
+it may use) before torch or JAX is imported, on top of ``torch.set_num_threads(1)`` and
+``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`` (set by
+``sampler_vs_hf``). The flags alone do not make XLA single-threaded: its CPU runtime still
+runs independent ops of a step side by side on a thread pool (measured: ~1.9 cores busy on
+a 2-core machine, wall time half the CPU time). Torch runs with sdpa attention
+(transformers' default) and the fastest AdamW it has on CPU (``fused=True``: 1.4 ms a step
+against 6 ms for the default); ours is one jitted step with donated parameters and
+optimizer state.
+
+Parity first: the first-step losses of the two sides must agree to 1e-4 (they are a few
+1e-6 apart in float32), and so must the losses after two updates (the optimizers match);
+otherwise the script exits with an error. Then each side is warmed up (our compile;
+torch's first-call costs) and timed in turns, ``--steps`` steps per turn over ``--repeats``
+turns, so load from other processes hits both alike; medians over turns are reported, of
+wall-clock seconds per step and of process CPU seconds per step (the steadier figure on a
+shared machine; equal to wall time on an idle one, the process running on one core).
+
+The last line of stdout is one JSON object: the settings, both first-step losses, each
+side's seconds per step, ``ratio`` = torch seconds / ours (wall clock; higher is better for
+us) and ``cpu_ratio``, the same from CPU time.
+
+    python benchmarks/train_step_vs_torch.py [--batch 32] [--seq 128] [--steps 3] [--repeats 7] [--cpu N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def pin_to_one_cpu(argv) -> int:
+    """Restricts this process, and every thread it starts later, to one CPU core: ``--cpu N``
+    from ``argv``, by default the lowest-numbered core it may run on. Returns the core."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cpu", type=int)
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = parser.parse_known_args(argv)[0].cpu
+    cpu = allowed[0] if cpu is None else cpu
+    if cpu not in allowed:
+        print(f"error: --cpu {cpu} is not a core this process may use; pick one of {allowed}", file=sys.stderr)
+        raise SystemExit(2)
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+if __name__ == "__main__":
+    # Before torch and JAX start their thread pools: threads inherit the affinity.
+    CPU = pin_to_one_cpu(sys.argv[1:])
+
+# sampler_vs_hf sets XLA_FLAGS on import, so it must come before the first `import jax`;
+# it also sets torch to one thread. Its MODEL is the model we train.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sampler_vs_hf import MODEL  # isort: skip
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+from flax import nnx
+
+from rlinf_jax.policies import from_pretrained
+from rlinf_jax.policies.lm.tiny import tiny_hf_model
+
+ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+
+
+def token_batch(batch: int, seq: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, MODEL["vocab_size"], (batch, seq))
+
+
+def torch_trainer(hf, ids: np.ndarray):
+    """A closure running one torch training step; returns the step's loss (a 0-d tensor)."""
+    hf.train()
+    opt = torch.optim.AdamW(
+        hf.parameters(), lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
+        weight_decay=ADAMW["weight_decay"], fused=True,
+    )
+    inputs = torch.tensor(ids)
+    targets = inputs[:, 1:].reshape(-1)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = hf(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def causal_lm_loss(model, ids):
+    """Mean cross-entropy of tokens 1..T-1 given their prefixes (all T tokens go through the
+    model, as on the torch side)."""
+    logits = model(ids)[:, :-1]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+
+
+def jax_trainer(model, ids: np.ndarray):
+    """A closure running one jitted training step; returns the step's loss (a jax scalar)."""
+    graphdef, params = nnx.split(model)
+    tx = optax.adamw(
+        ADAMW["lr"], b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]
+    )
+
+    @jax.jit
+    def init(params):
+        return tx.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(params, opt_state, ids):
+        loss, grads = jax.value_and_grad(lambda p: causal_lm_loss(nnx.merge(graphdef, p), ids))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    state = {"params": params, "opt": init(params)}
+    batch = jnp.asarray(ids, jnp.int32)
+
+    def step():
+        state["params"], state["opt"], loss = train_step(state["params"], state["opt"], batch)
+        return loss
+
+    return step
+
+
+def timed_turns(fns, steps: int, repeats: int):
+    """Seconds per step of each function, wall clock and process CPU time, over ``repeats``
+    turns of ``steps`` calls, the functions taking turns (a, b, a, b, ...) so that load from
+    other processes hits both alike. One untimed warm-up turn each.
+
+    CPU time counts only the time this process ran: on a shared machine it is the steadier
+    figure (the process runs on one core, so with no contention it equals wall time).
+    """
+
+    def turn(fn):
+        for _ in range(steps):
+            out = fn()
+        float(out)  # wait for the last step (jax dispatches asynchronously)
+
+    for fn in fns:
+        turn(fn)
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            w, c = time.perf_counter(), time.process_time()
+            turn(fn)
+            wall[i].append((time.perf_counter() - w) / steps)
+            cpu[i].append((time.process_time() - c) / steps)
+    return wall, cpu
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3, help="training steps per timed turn")
+    parser.add_argument("--repeats", type=int, default=7, help="timed turns per side")
+    parser.add_argument("--cpu", type=int, help="the one CPU core to run on (default: the first this process may use)")
+    args = parser.parse_args(argv)
+    cores = sorted(os.sched_getaffinity(0))
+
+    hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        model = from_pretrained(d)
+    n_params = sum(p.numel() for p in hf.parameters())
+    ids = token_batch(args.batch, args.seq)
+    torch_step, jax_step = torch_trainer(hf, ids), jax_trainer(model, ids)
+
+    print(f"model: qwen2, {n_params / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; AdamW {ADAMW}")
+    print(
+        f"jax {jax.__version__} devices {jax.devices()}; torch {torch.__version__} threads {torch.get_num_threads()}; "
+        f"CPU cores in use: {cores}"
+    )
+    parity_steps = 3
+    torch_losses = [float(torch_step()) for _ in range(parity_steps)]
+    jax_losses = [float(jax_step()) for _ in range(parity_steps)]
+    diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
+    print(f"first-step loss: torch {torch_losses[0]:.7f}  ours {jax_losses[0]:.7f}  |diff| {diffs[0]:.2e}")
+    print(f"loss after {parity_steps - 1} updates: torch {torch_losses[-1]:.7f}  ours {jax_losses[-1]:.7f}"
+          f"  |diff| {diffs[-1]:.2e}")
+    if max(diffs) > 1e-4:
+        raise SystemExit(f"losses disagree by {max(diffs):.2e} (> 1e-4): the two sides do not train the same model")
+
+    (torch_wall, jax_wall), (torch_cpu, jax_cpu) = timed_turns([torch_step, jax_step], args.steps, args.repeats)
+    med = statistics.median
+    for name, wall, cpu in (("torch", torch_wall, torch_cpu), ("ours ", jax_wall, jax_cpu)):
+        print(
+            f"{name}: {med(wall) * 1e3:6.1f} ms/step wall, {med(cpu) * 1e3:6.1f} ms/step CPU  "
+            f"(turns, wall: {', '.join(f'{t * 1e3:.0f}' for t in wall)})"
+        )
+    result = {
+        "benchmark": "train_step_vs_torch",
+        "model": "qwen2",
+        "params": n_params,
+        "batch": args.batch,
+        "seq": args.seq,
+        "threads": 1,
+        "cpu_cores": cores,
+        "first_step_loss_torch": round(torch_losses[0], 7),
+        "first_step_loss_ours": round(jax_losses[0], 7),
+        "first_step_loss_diff": float(f"{diffs[0]:.3g}"),
+        "torch_s_per_step": round(med(torch_wall), 5),
+        "ours_s_per_step": round(med(jax_wall), 5),
+        "ratio": round(med(torch_wall) / med(jax_wall), 3),
+        "torch_cpu_s_per_step": round(med(torch_cpu), 5),
+        "ours_cpu_s_per_step": round(med(jax_cpu), 5),
+        "cpu_ratio": round(med(torch_cpu) / med(jax_cpu), 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
