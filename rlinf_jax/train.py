@@ -1,4 +1,9 @@
-"""`python -m rlinf_jax.train [--config-name NAME] [key=value ...]`: config -> flow -> run."""
+"""`python -m rlinf_jax.train [--config-name NAME] [key=value ...]`: config -> flow -> run.
+
+``runner.task`` picks the flow: ``embodied`` (PPO on a batched env), ``sft`` (supervised
+fine-tuning of a language model) or ``reasoning`` (RL of a language model on verifiable
+rewards).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,8 @@ import sys
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m rlinf_jax.train",
-        description="Train a policy with reinforcement learning. Overrides are dotted key=value pairs, "
-        "e.g. runner.max_steps=50 env.name=ant.",
+        description="Train a policy with reinforcement learning (or a language model with SFT). Overrides are "
+        "dotted key=value pairs, e.g. runner.max_steps=50 env.name=ant.",
     )
     parser.add_argument("--config-name", "-cn", default="ppo_brax", help="recipe in configs/ (default: ppo_brax)")
     parser.add_argument("--list-recipes", action="store_true", help="print the available recipes and exit")
@@ -28,6 +33,21 @@ def _print_summary(summary, console):
         f"  env-steps/s        {summary.env_steps_per_sec:,.0f}\n"
         f"  compile time       {summary.compile_sec:.1f} s\n"
         f"  wall time          {summary.wall_sec:.1f} s\n"
+        f"  saved in           {summary.run_dir}"
+    )
+
+
+def _print_lm_summary(summary, console):
+    def acc(v):
+        return "n/a" if v is None else f"{v:.3f}"
+
+    resumed = "" if summary.resumed_from is None else f" (resumed from step {summary.resumed_from})"
+    warm = "" if summary.warm_start is None else f"\n  warm start         {summary.warm_start}"
+    console.print(
+        f"[bold]done[/bold]: {summary.steps} {summary.task} steps{resumed}\n"
+        f"  eval accuracy      {acc(summary.initial_accuracy)} at step 0 -> {acc(summary.eval_accuracy)}\n"
+        f"  samples/s          {summary.samples_per_sec:,.1f}\n"
+        f"  wall time          {summary.wall_sec:.1f} s{warm}\n"
         f"  saved in           {summary.run_dir}"
     )
 
@@ -53,8 +73,12 @@ def main(argv=None) -> int:
             return 0
         cfg = load_config(args.config_name, args.overrides)
 
-        from rlinf_jax.flow.embodied_runner import TrainingDiverged, run
+        from rlinf_jax.flow.embodied_runner import TrainingDiverged
 
+        if cfg.runner.task == "embodied":
+            from rlinf_jax.flow.embodied_runner import run
+        else:
+            from rlinf_jax.flow.reasoning_runner import run
         try:
             summary = run(cfg, console=console)
         except TrainingDiverged as e:
@@ -70,7 +94,10 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _print_summary(summary, console)
+    if cfg.runner.task == "embodied":
+        _print_summary(summary, console)
+    else:
+        _print_lm_summary(summary, console)
     return 0
 
 

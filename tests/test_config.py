@@ -67,19 +67,54 @@ def test_default_recipe_spells_out_required_keys():
         assert key in text, key
 
 
-def test_default_recipe_covers_every_schema_key():
+def _recipe_keys(name: str) -> set[str]:
+    """Every dotted key a packaged recipe sets, through its base chain."""
     import yaml
 
-    data = yaml.safe_load((RECIPES / "ppo_brax.yaml").read_text())
+    data = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
 
-    def walk(obj, tree, prefix=""):
-        for f in dataclasses.fields(obj):
-            assert f.name in tree, prefix + f.name
-            v = getattr(obj, f.name)
-            if dataclasses.is_dataclass(v):
-                walk(v, tree[f.name], prefix + f.name + ".")
+    def walk(tree, prefix=""):
+        for k, v in tree.items():
+            if isinstance(v, dict) and v:
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"  # a leaf, or an open mapping written as {}
 
-    walk(Config(), data)
+    keys = {path for path in walk(data) if path != "base"}
+    if "base" in data:
+        keys |= _recipe_keys(data["base"])
+    return keys
+
+
+def _schema_keys(obj, prefix=""):
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _schema_keys(v, prefix + f.name + ".")
+        else:
+            yield prefix + f.name
+
+
+def test_every_schema_key_is_spelled_out_by_a_recipe():
+    # Recipes double as the reference of what can be set: each key appears in at least one.
+    listed = set().union(*(_recipe_keys(n) for n in list_recipes()))
+    missing = [k for k in _schema_keys(Config()) if k not in listed]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("recipe, sections", [
+    # The default recipe of each workload spells out the sections that workload reads.
+    ("ppo_brax", ["runner", "env", "cluster", "flow"]),
+    ("grpo_math", ["data", "reward", "rollout", "sft"]),
+])
+def test_default_recipe_of_each_workload_covers_its_sections(recipe, sections):
+    keys = _recipe_keys(recipe)
+    cfg = Config()
+    for section in sections:
+        for key in _schema_keys(getattr(cfg, section), section + "."):
+            if recipe == "ppo_brax" and key == "runner.task":
+                continue  # embodied is the default task
+            assert key in keys, (recipe, key)
 
 
 def test_override_types():

@@ -33,6 +33,13 @@ BASE_KEY = "base"
 KNOWN_ACTIVATIONS = ("relu", "tanh", "swish", "silu", "gelu", "elu")
 LR_SCHEDULES = ("constant", "linear")
 RESUME_WORDS = ("none", "auto")
+TASKS = ("embodied", "sft", "reasoning")
+LM_TASKS = ("sft", "reasoning")
+# Kept in step with rlinf_jax.policies.lm (SUPPORTED_MODEL_TYPES, parse_dtype), for the same reason.
+LM_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LM_DTYPES = ("float32", "bfloat16")
+# Advantage estimators that compare the responses of one prompt: a group needs two of them.
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 
 
 def _one_line(msg: str) -> str:
@@ -439,6 +446,9 @@ def validate(cfg: Config) -> None:
             isinstance(shape, dict) and all(isinstance(v, int) for v in shape.values()),
             f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
+    _require(r.task in TASKS, f"runner.task={r.task!r} is unknown; choose one of {', '.join(TASKS)}")
+    if r.task in LM_TASKS:
+        validate_lm(cfg)
     f = cfg.flow
     _require(f.runner in FLOW_RUNNERS, f"flow.runner={f.runner!r} is unknown; choose one of {', '.join(FLOW_RUNNERS)}")
     _require(f.num_micro_batches >= 1, f"flow.num_micro_batches={f.num_micro_batches} must be >= 1")
@@ -447,3 +457,90 @@ def validate(cfg: Config) -> None:
         f"env.num_envs={e.num_envs} is not divisible by flow.num_micro_batches={f.num_micro_batches}",
     )
     _require(f.max_staleness >= 0, f"flow.max_staleness={f.max_staleness} must be >= 0 (0 = on-policy)")
+
+
+def validate_lm(cfg: Config) -> None:
+    """The language-model sections (runner.task sft | reasoning). Algorithm names are
+    checked against the algorithm registry when the flow is built (it can be extended)."""
+    from rlinf_jax.data.config import DataConfig
+    from rlinf_jax.rewards.config import RewardConfig
+
+    d, m, a, ro, s = cfg.data, cfg.actor.model, cfg.algorithm, cfg.rollout, cfg.sft
+    o, actor = cfg.actor.optim, cfg.actor
+    data_fields = {f.name for f in dataclasses.fields(DataConfig)}
+    DataConfig(**{k: v for k, v in dataclasses.asdict(d).items() if k in data_fields}).validate()
+    RewardConfig(**dataclasses.asdict(cfg.reward)).validate()
+    for name in ("rollout_batch_size", "max_prompt_length"):
+        _require(getattr(d, name) >= 1, f"data.{name}={getattr(d, name)} must be >= 1")
+    _require(bool(d.tokenizer.strip()), "data.tokenizer is empty; use char or a local model directory")
+
+    _require(m.dtype in LM_DTYPES, f"actor.model.dtype={m.dtype!r} is unknown; choose one of {', '.join(LM_DTYPES)}")
+    _require(
+        m.lm_model_type in LM_MODEL_TYPES,
+        f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(LM_MODEL_TYPES)}",
+    )
+    for name in ("lm_vocab_size", "lm_hidden_size", "lm_intermediate_size", "lm_num_layers", "lm_num_heads",
+                 "lm_num_kv_heads", "lm_max_position_embeddings"):
+        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    _require(
+        m.lm_num_heads % m.lm_num_kv_heads == 0,
+        f"actor.model.lm_num_heads={m.lm_num_heads} must be a multiple of lm_num_kv_heads={m.lm_num_kv_heads}",
+    )
+    _require(
+        m.lm_hidden_size % m.lm_num_heads == 0 and (m.lm_hidden_size // m.lm_num_heads) % 2 == 0,
+        f"actor.model.lm_hidden_size={m.lm_hidden_size} must split into lm_num_heads={m.lm_num_heads} heads "
+        "of an even size",
+    )
+    if m.path:
+        _require(os.path.exists(m.path), f"actor.model.path={m.path!r}: no such path; give a run folder, a checkpoint, "
+                 "a Hugging Face model directory or a converted directory, or \"\" for a fresh tiny model")
+    _require(m.lora_rank >= 0, f"actor.model.lora_rank={m.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    _require(math.isfinite(m.lora_alpha) and m.lora_alpha > 0, f"actor.model.lora_alpha={m.lora_alpha} must be > 0")
+
+    _require(o.warmup_steps >= 0, f"actor.optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, f"actor.optim.weight_decay={o.weight_decay} must be >= 0")
+    _require(math.isfinite(o.critic_lr) and o.critic_lr > 0, f"actor.optim.critic_lr={o.critic_lr} must be > 0")
+    for name in ("global_batch_size", "micro_batch_size"):
+        _require(getattr(actor, name) >= 1, f"actor.{name}={getattr(actor, name)} must be >= 1")
+    _require(
+        actor.global_batch_size % actor.micro_batch_size == 0,
+        f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
+        f"{actor.micro_batch_size}; the micro-batches of a step must fill it exactly",
+    )
+
+    _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens={ro.max_new_tokens} must be >= 1")
+    for name in ("temperature", "eval_temperature"):
+        v = getattr(ro, name)
+        _require(math.isfinite(v) and v >= 0, f"rollout.{name}={v} must be >= 0 (0 = greedy)")
+    _require(0 < ro.top_p <= 1, f"rollout.top_p={ro.top_p} must be in (0, 1]")
+    _require(ro.top_k >= 0, f"rollout.top_k={ro.top_k} must be >= 0 (0 = off)")
+    _require(ro.eval_batch_size >= 1, f"rollout.eval_batch_size={ro.eval_batch_size} must be >= 1")
+
+    _require(s.warm_start_steps >= 0, f"sft.warm_start_steps={s.warm_start_steps} must be >= 0 (0 = none)")
+    _require(math.isfinite(s.lr) and s.lr > 0, f"sft.lr={s.lr} must be > 0")
+    _require(s.batch_size >= 1, f"sft.batch_size={s.batch_size} must be >= 1")
+    if s.train_levels:
+        from rlinf_jax.data.math_tasks import check_levels
+
+        check_levels(s.train_levels)
+    if cfg.runner.task != "reasoning":
+        return
+
+    _require(a.group_size >= 1, f"algorithm.group_size={a.group_size} must be >= 1")
+    _require(
+        a.group_size >= 2 or a.adv_type not in GROUP_ADVANTAGES,
+        f"algorithm.adv_type={a.adv_type} compares the responses to one prompt and needs algorithm.group_size >= 2",
+    )
+    _require(0 < a.clip_low < 1, f"algorithm.clip_low={a.clip_low} must be in (0, 1)")
+    _require(math.isfinite(a.clip_high) and a.clip_high > 0, f"algorithm.clip_high={a.clip_high} must be > 0")
+    _require(a.dual_clip == 0 or a.dual_clip > 1, f"algorithm.dual_clip={a.dual_clip} must be 0 (off) or > 1")
+    _require(math.isfinite(a.kl_coef) and a.kl_coef >= 0, f"algorithm.kl_coef={a.kl_coef} must be >= 0 (0 = no KL)")
+    _require(a.max_resample >= 0, f"algorithm.max_resample={a.max_resample} must be >= 0")
+    _require(math.isfinite(a.value_clip) and a.value_clip >= 0, f"algorithm.value_clip={a.value_clip} must be >= 0 (0 = off)")
+    samples = d.rollout_batch_size * a.group_size
+    _require(
+        samples % actor.global_batch_size == 0,
+        f"data.rollout_batch_size * algorithm.group_size = {d.rollout_batch_size} * {a.group_size} = {samples} "
+        f"responses is not divisible by actor.global_batch_size={actor.global_batch_size}; each optimiser step "
+        "takes a mini-batch of global_batch_size responses",
+    )

@@ -2,7 +2,9 @@
 
 Every recipe in ``configs/`` is validated against these classes; a key that is not here
 is a typo, and a value of the wrong type is rejected before anything runs. Later
-workloads add sections (rollout, critic, reward, data) next to these.
+workloads add sections next to these: the language-model tasks (``runner.task`` sft and
+reasoning) read ``data``, ``reward``, ``rollout`` and ``sft`` and the LM fields of ``actor``
+and ``algorithm``; the embodied task ignores them, and they ignore ``env``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import Any
 
 @dataclass
 class RunnerConfig:
+    # Which flow runs: "embodied" (PPO on a batched env), "sft" (supervised fine-tuning of a
+    # language model) or "reasoning" (RL of a language model on verifiable rewards).
+    task: str = "embodied"
     output_dir: str = "runs"
     experiment_name: str = "ppo_brax_inverted_pendulum"
     seed: int = 0
@@ -58,6 +63,24 @@ class PolicyConfig:
     # Initial std of the Gaussian policy is softplus(param) + min_std, as in Brax.
     min_std: float = 0.001
     init_log_std: float = 0.0
+    # Language models (runner.task sft | reasoning). ``path``: "" builds a fresh model of the
+    # lm_* sizes below (the offline tiny character-level model); otherwise a run folder or
+    # checkpoint of an sft/reasoning run, a Hugging Face directory (config.json + safetensors)
+    # or a converted directory (config.json + params/).
+    path: str = ""
+    dtype: str = "float32"  # compute and storage dtype: float32 | bfloat16
+    lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3
+    lm_vocab_size: int = 100  # the character tokenizer's 100 ids
+    lm_hidden_size: int = 256
+    lm_intermediate_size: int = 688
+    lm_num_layers: int = 4
+    lm_num_heads: int = 4
+    lm_num_kv_heads: int = 2
+    lm_max_position_embeddings: int = 512
+    lm_tie_word_embeddings: bool = True
+    # LoRA adapters on the attention and MLP projections; 0 = full fine-tuning.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
 
 @dataclass
@@ -66,12 +89,21 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     # "constant" or "linear" (decays to 0 at runner.max_steps).
     lr_schedule: str = "constant"
+    # Language models: linear warm-up over this many optimiser steps, AdamW weight decay, and
+    # the learning rate of PPO's value model (algorithm.adv_type=gae).
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    critic_lr: float = 1.0e-4
 
 
 @dataclass
 class ActorConfig:
     model: PolicyConfig = field(default_factory=PolicyConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # Language models: sequences per optimiser step (reasoning: a mini-batch of the rollout
+    # batch; sft: examples per step) and per forward/backward pass (gradient accumulation).
+    global_batch_size: int = 64
+    micro_batch_size: int = 64
 
 
 @dataclass
@@ -93,6 +125,22 @@ class AlgorithmConfig:
     normalize_observations: bool = True
     # Bootstrap V(final observation) when an episode ends on a time limit.
     bootstrap_on_truncation: bool = True
+    # Language-model RL (runner.task=reasoning); update_epochs, gamma, gae_lambda,
+    # entropy_coef, value_coef and normalize_advantages above apply too.
+    group_size: int = 8  # responses sampled per prompt
+    clip_low: float = 0.2  # PPO ratio clip range [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2  # DAPO's clip-higher raises this one, e.g. 0.28
+    dual_clip: float = 0.0  # dual-clip constant c > 1; 0 = off
+    # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0  # KL to the reference (initial) model; 0 = no reference model
+    kl_type: str = "low_var_kl"  # k1 | abs | k2 | k3 (= low_var_kl)
+    kl_in_reward: bool = False  # false: a loss term; true: subtracted from the rewards
+    # DAPO dynamic sampling: resample up to max_resample times to fill the batch with prompt
+    # groups whose rewards differ.
+    dynamic_sampling: bool = False
+    max_resample: int = 3
+    value_clip: float = 0.2  # PPO value-model clip range; 0 = off
 
 
 @dataclass
@@ -127,6 +175,78 @@ class FlowConfig:
 
 
 @dataclass
+class DataSection:
+    """Mirrors ``rlinf_jax.data.DataConfig`` (lists for its tuples) plus the flow's batch settings."""
+
+    source: str = "procedural"  # procedural | files | reasoning_gym
+    train_path: str = ""
+    eval_path: str = ""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    train_levels: list[int] = field(default_factory=lambda: [1])
+    eval_levels: list[int] = field(default_factory=lambda: [1])
+    heldout_fraction: float = 0.2
+    train_size: int = 10_000
+    eval_size: int = 200
+    reasoning_gym_task: str = ""
+    template: str = "math"  # plain | math | a text with {prompt}
+    use_chat_template: bool = False
+    system_prompt: str = ""
+    seed: int = 0
+    shuffle: bool = True
+    # "char" (the built-in character tokenizer) or a local model directory.
+    tokenizer: str = "char"
+    # Prompts per RL iteration (each sampled algorithm.group_size times).
+    rollout_batch_size: int = 32
+    # Longer prompts are an error (no silent truncation of a question).
+    max_prompt_length: int = 256
+
+
+@dataclass
+class RewardSection:
+    """Mirrors ``rlinf_jax.rewards.RewardConfig``."""
+
+    correct_reward: float = 1.0
+    wrong_reward: float = 0.0
+    fallback: str = "last_number"  # last_number | math_verify | none
+    fast_path: bool = True
+    format_reward: float = 0.0
+    format_tag: str = ""
+    overlong_max_len: int = 0  # DAPO overlong shaping; 0 = off
+    overlong_cache_len: int = 0
+    overlong_factor: float = 1.0
+    num_workers: int = -1  # checker processes: -1 = min(8, CPUs), 0 = in process
+    timeout_s: float = 5.0
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of responses (training) and of evaluation answers."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    # Evaluation: greedy (0) by default; prompts per generate call.
+    eval_temperature: float = 0.0
+    eval_batch_size: int = 256
+
+
+@dataclass
+class SFTConfig:
+    """A supervised warm start run before RL (runner.task=reasoning, actor.model.path="").
+
+    It trains on the train split's prompts with ``\boxed{answer}`` targets; ``train_levels``
+    (empty: data.train_levels) picks its procedural levels, so the RL data can be harder.
+    """
+
+    warm_start_steps: int = 0  # 0 = no warm start
+    lr: float = 1.0e-3
+    batch_size: int = 64
+    train_levels: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -134,3 +254,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)
+    data: DataSection = field(default_factory=DataSection)
+    reward: RewardSection = field(default_factory=RewardSection)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
