@@ -71,15 +71,29 @@ class Embed(nnx.Module):
         return jnp.dot(x.astype(self.dtype), table.T, preferred_element_type=jnp.float32)
 
 
-def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+def rope_tables(
+    positions: jax.Array, inv_freq: np.ndarray, num_positions: int | None = None
+) -> tuple[jax.Array, jax.Array]:
     """cos and sin ``[B, T, head_dim]`` in float32 for integer ``positions [B, T]``.
 
     Hugging Face layout: the half-dimension frequencies are repeated, ``[f, f]``, to pair with
     ``rotate_half`` (not interleaved pairs as in the original RoPE paper).
+
+    With ``num_positions`` (every position is known to lie in ``[0, num_positions)``), cos and
+    sin are evaluated once per position and gathered; same values. Evaluated on the
+    ``[B, T, head_dim]`` angles instead, XLA fuses them into every op that reads the tables
+    and recomputes them there: per head, in the forward and the backward pass, in each layer
+    (6% of a training step of a 4-layer model on XLA CPU).
     """
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)
+    if num_positions is None:
+        freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+        angles = jnp.concatenate([freqs, freqs], axis=-1)
+        return jnp.cos(angles), jnp.sin(angles)
+    freqs = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * inv_freq
     angles = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.take(cos, positions, axis=0, mode="clip"), jnp.take(sin, positions, axis=0, mode="clip")
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

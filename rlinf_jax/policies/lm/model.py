@@ -95,9 +95,13 @@ class CausalLM(nnx.Module):
             query_slots = cache_index + jnp.arange(T)
             counts = jnp.cumsum(key_valid, axis=1, dtype=jnp.int32) - 1
             counts = jax.lax.dynamic_slice_in_dim(counts, cache_index, T, axis=1)
+        inv_freq = self.config.rope.inv_freq(self.config.head_dim)
         if positions is None:
-            positions = jnp.maximum(counts, 0)
-        rope = rope_tables(positions, self.config.rope.inv_freq(self.config.head_dim))
+            # Counts of real tokens: each below the number of key slots, so the tables can be
+            # built once per position.
+            rope = rope_tables(jnp.maximum(counts, 0), inv_freq, num_positions=key_valid.shape[1])
+        else:
+            rope = rope_tables(positions, inv_freq)
         mask = attention_mask_3d(key_valid, query_slots)
 
         h = self.embed(input_ids.reshape(B * T))
