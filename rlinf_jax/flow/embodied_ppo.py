@@ -27,6 +27,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
+from rlinf_jax.sharding.mesh import fetch, put
 
 
 @struct.dataclass
@@ -129,7 +130,7 @@ class PPOTrainer:
         ``fsdp`` axis) and replicates the rest."""
         rest = replicate(ts.replace(env_state=None, params=None, opt_state=None), self.mesh)
         params, opt_state = (
-            jax.device_put(t, param_shardings(t, self.mesh, self.rules)) for t in (ts.params, ts.opt_state)
+            put(t, param_shardings(t, self.mesh, self.rules)) for t in (ts.params, ts.opt_state)
         )
         return rest.replace(
             params=params, opt_state=opt_state, env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs)
@@ -307,7 +308,7 @@ class PPOTrainer:
 
     def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
         """Turns a chunk's summed metrics into per-iteration means and episode averages."""
-        sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+        sums = {k: float(v) for k, v in fetch(sums).items()}
         out = {k: v / num_iterations for k, v in sums.items() if k not in _EPISODE_SUMS}
         out["train/skipped_updates"] = sums["train/skipped_updates"]
         episodes = sums["env/episodes"]

@@ -6,6 +6,10 @@ same small interface (init/start/snapshot/compile/run_iterations/run_eval). The 
 only wakes at chunk boundaries, which sit at multiples of the log / eval / save intervals counted
 from step 0. Boundaries therefore do not depend on where a run was resumed, which is
 what makes a killed-and-resumed run end with exactly the same numbers.
+
+In a multi-host run every process runs this loop; only process 0 writes the run
+directory's files for people (config.yaml, placement.json, metrics, TensorBoard) and
+prints, while checkpoints are saved and restored by all processes together.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.embodied_ppo import PPOTrainer
 from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
+from rlinf_jax.runtime.distributed import barrier, is_multiprocess, is_primary, local_devices_first
 from rlinf_jax.runtime.progress import progress_bar
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.sharding.mesh import fetch, spans_all_processes
 
 EMBODIED_COMPONENTS = ("env", "rollout", "actor")
 
@@ -76,11 +82,18 @@ def build_trainer(cfg: Config, placement: Placement | None = None, log=None):
     """
     from rlinf_jax.flow.embodied_staged import StagedPPO
 
-    env = make_env(cfg.env)
-    eval_env = make_eval_env(cfg.env)
+    with local_devices_first():
+        env = make_env(cfg.env)
+        eval_env = make_eval_env(cfg.env)
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
     devices = jax.devices()[:num_devices]
     if placement is None:
+        if cfg.cluster.component_placement == "auto" and is_multiprocess():
+            # Each process would time the candidates itself and might pick another one.
+            raise BadInput(
+                "cluster.component_placement=auto is not available in multi-host runs yet; "
+                "name a preset (collocated, disaggregated, hybrid) or a mapping"
+            )
         if cfg.cluster.component_placement == "auto":
             from rlinf_jax.flow.auto_placement import auto_placement
 
@@ -120,11 +133,34 @@ def _write_placement(trainer, path: Path, measured: float | None = None) -> None
     path.write_text(json.dumps(info, indent=2) + "\n")
 
 
+def _checkpoint_view(snapshot):
+    """What a checkpoint holds of ``snapshot`` (and what a restore reads into).
+
+    One process: the snapshot itself. Several: orbax writes an array that spans every
+    process shard by shard from all of them, so no host ever holds the whole state; an
+    array that only some processes hold (a component placed on some hosts) is one orbax
+    cannot write, and it goes through the host instead.
+    """
+    if not is_multiprocess():
+        return snapshot
+    leaves, treedef = jax.tree.flatten(snapshot)
+    partial = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not spans_all_processes(x)]
+    for i, value in zip(partial, fetch([leaves[i] for i in partial])):
+        leaves[i] = value
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _checkpoint_state(trainer, state):
+    snapshot = trainer.snapshot(state)
+    return _checkpoint_view(snapshot) if is_multiprocess() else jax.device_get(snapshot)
+
+
 def run(cfg: Config, console=None) -> RunSummary:
     """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    log = console.print if console is not None and cfg.runner.progress_bar else None
+    primary = is_primary()
+    log = console.print if console is not None and cfg.runner.progress_bar and primary else None
     trainer = build_trainer(cfg, log=log)
     run_dir = RunDir.from_config(cfg)
     resume_path = resolve_resume(cfg, run_dir)
@@ -139,13 +175,15 @@ def run(cfg: Config, console=None) -> RunSummary:
     # Restore before anything is written: a bad checkpoint must leave the run dir untouched.
     if resume_path is not None:
         ckpt_dir, step = resume_path
-        ts, _ = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, trainer.snapshot(state))
+        target = _checkpoint_view(trainer.snapshot(state))
+        ts, _ = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, target)
         state = trainer.start(ts)
         resumed_from = trainer.progress(state)[0]
 
-    run_dir.create(cfg)
-    _write_placement(trainer, run_dir.path / "placement.json")
-    logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard)
+    if primary:
+        run_dir.create(cfg)
+        _write_placement(trainer, run_dir.path / "placement.json")
+    logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard, write=primary)
     checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
     if resumed_from is not None:
         # What was logged or saved after the resume point belongs to a future this run rewrites.
@@ -156,13 +194,15 @@ def run(cfg: Config, console=None) -> RunSummary:
     eval_key = jax.random.PRNGKey(cfg.runner.seed + 1)
     trainer.compile(state, eval_key)
     compile_sec = time.perf_counter() - t0
+    barrier("compiled")  # hosts compile at their own pace; the first chunk runs in step
 
     step = trainer.progress(state)[0]
     start_step = step
     train_sec = 0.0
     last_eval = None
     try:
-        with progress_bar(cfg.runner.max_steps, step, enabled=cfg.runner.progress_bar, console=console) as bar:
+        show = cfg.runner.progress_bar and primary
+        with progress_bar(cfg.runner.max_steps, step, enabled=show, console=console) as bar:
             plan = trainer.auto_plan
             if step == 0:
                 first = {"time/compile_sec": compile_sec}
@@ -186,7 +226,8 @@ def run(cfg: Config, console=None) -> RunSummary:
                     # The plan's prediction next to what the first chunk actually ran at.
                     metrics["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
                     metrics["placement/measured_env_steps_per_sec"] = metrics["time/env_steps_per_sec"]
-                    _write_placement(trainer, run_dir.path / "placement.json", metrics["time/env_steps_per_sec"])
+                    if primary:
+                        _write_placement(trainer, run_dir.path / "placement.json", metrics["time/env_steps_per_sec"])
                 metrics["env/steps"] = step * trainer.env_steps_per_iteration
 
                 bad_iterations = trainer.progress(state)[1]
@@ -200,14 +241,14 @@ def run(cfg: Config, console=None) -> RunSummary:
                     )
                 if _due(step, cfg.runner.eval_interval, final):
                     t0 = time.perf_counter()
-                    ev = trainer.run_eval(state, jax.random.fold_in(eval_key, step))
+                    ev = fetch(trainer.run_eval(state, jax.random.fold_in(eval_key, step)))
                     metrics.update({k: float(v) for k, v in ev.items()})
                     metrics["time/eval_sec"] = time.perf_counter() - t0
                     last_eval = metrics["eval/return"]
                 if _due(step, cfg.runner.log_interval, final) or "eval/return" in metrics:
                     logger.log(step, metrics)
                 if _due(step, cfg.runner.save_interval, final):
-                    checkpointer.save(step, jax.device_get(trainer.snapshot(state)), {"step": step})
+                    checkpointer.save(step, _checkpoint_state(trainer, state), {"step": step})
                 bar.update(step, metrics)
     finally:
         logger.close()

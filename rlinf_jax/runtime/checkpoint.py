@@ -7,6 +7,11 @@ ignores: the newest *finished* step stays the one we resume from.
 
 Everything a user can get wrong (missing folder, corrupt files, a state that no longer
 fits what was saved) surfaces as a one-line ``BadInput``.
+
+In a multi-host run every process calls `save`, `delete_after` and `restore` with the
+same arguments: orbax writes each process's shards of global arrays and the metadata
+from process 0. Where one process changes the folder for all (sweeping cut-off saves),
+the others wait for it before they list the folder again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime.distributed import barrier, is_primary
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's marker of a step folder still being written
@@ -184,8 +190,11 @@ class Checkpointer:
         if not self._swept:
             self._sweep_partial_saves()
         mngr = self._mngr()
+        barrier(f"rlinf_checkpoint_save_{step}")  # every process lists the same folder
         mngr.reload()  # another Checkpointer may have written here since we last looked
-        if step in mngr.all_steps():
+        exists = step in mngr.all_steps()
+        barrier(f"rlinf_checkpoint_listed_{step}")  # ... before process 0 deletes from it
+        if exists:
             mngr.delete(step)
         mngr.save(
             step,
@@ -200,13 +209,17 @@ class Checkpointer:
     def _sweep_partial_saves(self) -> None:
         # Temp folders of saves cut off by a crash: never valid, only disk. We are the
         # writer of this folder now (orbax is not multi-writer safe in any case).
-        for p in self.directory.glob(f"*{TMP_SUFFIX}*"):
-            shutil.rmtree(p, ignore_errors=True)
+        if is_primary():
+            for p in self.directory.glob(f"*{TMP_SUFFIX}*"):
+                shutil.rmtree(p, ignore_errors=True)
+        barrier("rlinf_checkpoint_sweep")
         self._swept = True
 
     def delete_after(self, step: int) -> list[int]:
         """Deletes steps newer than ``step`` (the future of a run rewound to ``step``)."""
+        barrier(f"rlinf_checkpoint_delete_after_{step}")
         doomed = [s for s in self.all_steps() if s > step]
+        barrier(f"rlinf_checkpoint_listed_after_{step}")
         if doomed:
             mngr = self._mngr()
             mngr.reload()

@@ -78,19 +78,26 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsLogger:
-    """Writes ``<run_dir>/metrics.jsonl`` and ``<run_dir>/tensorboard/``; flushes every call."""
+    """Writes ``<run_dir>/metrics.jsonl`` and ``<run_dir>/tensorboard/``; flushes every call.
 
-    def __init__(self, run_dir: RunDir | str | os.PathLike, tensorboard: bool = True):
+    ``write=False`` makes a logger that checks and returns records but touches no file:
+    what the processes other than process 0 of a multi-host run hold.
+    """
+
+    def __init__(self, run_dir: RunDir | str | os.PathLike, tensorboard: bool = True, write: bool = True):
         root = run_dir.path if isinstance(run_dir, RunDir) else Path(run_dir)
         self.path = root / "metrics.jsonl"
         self.tensorboard_dir = root / "tensorboard"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._use_tb = tensorboard
+        self.write = write
+        self._use_tb = tensorboard and write
         # Opened on the first log, so a truncate_after before it costs no extra file.
         self._writer = None
         self._purge_step: int | None = None
-        self._repair_tail()
-        self._file = open(self.path, "a")
+        self._file = None
+        if write:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._repair_tail()
+            self._file = open(self.path, "a")
 
     def _tb(self):
         if self._writer is None and self._use_tb:
@@ -125,6 +132,8 @@ class MetricsLogger:
             if not isinstance(key, str) or key == "step":
                 raise ValueError(f"metric names must be strings other than 'step', got {key!r}")
             record[key] = _scalar(key, value)
+        if not self.write:
+            return record
         self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
         self._file.flush()
         writer = self._tb()
@@ -142,6 +151,8 @@ class MetricsLogger:
         be logged again. TensorBoard events cannot be edited, so its writer is reopened
         with ``purge_step``, which makes TensorBoard hide the stale ones.
         """
+        if not self.write:
+            return 0
         self._file.close()
         records = _parse_lines(self.path.read_text(), self.path) if self.path.is_file() else []
         kept = [r for r in records if r["step"] <= step]
@@ -154,7 +165,7 @@ class MetricsLogger:
         return len(records) - len(kept)
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             self._file.close()
         if self._writer is not None:
             self._writer.close()

@@ -3,13 +3,17 @@
 A component spreads its batch (envs, samples) over the mesh's batch axes (``data`` and
 ``fsdp``); ``tensor`` splits layers, never the batch. The same jitted program runs on 1
 or N devices: only the shardings of its inputs change.
+
+In a multi-host run (one process per host) a mesh may hold devices this process cannot
+touch. `fetch` and `put` are `jax.device_get` / `jax.device_put` that still work there:
+collective where data crosses hosts, and with one process exactly the JAX functions.
 """
 
 from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from rlinf_jax.errors import BadInput
 
@@ -72,10 +76,127 @@ def shard_batch(tree, mesh: Mesh, batch_size: int | None = None):
         # Empty leaves (MJX states are full of [B, 0] arrays) stay replicated: jit returns
         # them replicated whatever went in, and the next call must see the same layout.
         split = np.ndim(x) > 0 and np.size(x) > 0 and (batch_size is None or np.shape(x)[0] == batch_size)
-        return jax.device_put(x, bs if split else rep)
+        return put(x, bs if split else rep)
 
     return jax.tree.map(place, tree)
 
 
 def replicate(tree, mesh: Mesh):
-    return jax.device_put(tree, replicated(mesh))
+    return put(tree, replicated(mesh))
+
+
+# ------------------------------------------------------------ across hosts
+def _processes(sharding) -> frozenset[int]:
+    return frozenset(d.process_index for d in sharding.device_set)
+
+
+def spans_all_processes(x) -> bool:
+    """Whether every process holds part of ``x`` (a jax.Array); always true on one."""
+    return jax.process_count() == 1 or len(_processes(x.sharding)) == jax.process_count()
+
+
+def _held_whole_everywhere(x: jax.Array) -> bool:
+    # A replicated array that every process holds a copy of reads locally; anything else
+    # (split, or only on some hosts) must be gathered.
+    return x.sharding.is_fully_replicated and len(_processes(x.sharding)) == jax.process_count()
+
+
+def _local_parts(x: jax.Array):
+    """This process's shards written into a full-size buffer, and which entries they set."""
+    buf = np.zeros(x.shape, x.dtype)
+    mask = np.zeros(x.shape, np.bool_)
+    for shard in x.addressable_shards:
+        buf[shard.index] = np.asarray(shard.data)
+        mask[shard.index] = True
+    return buf, mask
+
+
+def fetch(tree):
+    """Every array leaf's full value as a NumPy array, on every process.
+
+    One process: `jax.device_get`. Several: what a process does not hold whole is
+    gathered from the others in one collective, so every process must call `fetch` on
+    a tree of the same structure and shardings at the same point of the program.
+    """
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    leaves, treedef = jax.tree.flatten(tree)
+    out, gather = list(leaves), []
+    for i, x in enumerate(leaves):
+        if not isinstance(x, jax.Array):
+            continue
+        if x.size == 0:
+            out[i] = np.zeros(x.shape, x.dtype)
+        elif _held_whole_everywhere(x):
+            out[i] = np.asarray(x)
+        else:
+            gather.append(i)
+    if gather:
+        parts = multihost_utils.process_allgather([_local_parts(leaves[i]) for i in gather])
+        for i, (bufs, masks) in zip(gather, parts):
+            x = leaves[i]
+            value = np.zeros(x.shape, x.dtype)
+            for buf, mask in zip(bufs, masks.astype(bool)):  # (processes, *shape) each
+                np.copyto(value, buf.astype(x.dtype), where=mask)
+            out[i] = value
+    return jax.tree.unflatten(treedef, out)
+
+
+def _put_host_value(x, s):
+    """Host data (the same on every process) onto ``s``: each process fills its own shards.
+
+    `jax.device_put` would first gather the value from all processes to check that it
+    is the same everywhere, one collective per leaf; we know it is.
+    """
+    if s.is_fully_addressable or jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.extended):
+        return jax.device_put(x, s)
+    value = np.asarray(x)
+    value = value.astype(jax.dtypes.canonicalize_dtype(value.dtype), copy=False)
+    return jax.make_array_from_callback(value.shape, s, lambda index: value[index], dtype=value.dtype)
+
+
+def put(tree, shardings):
+    """`jax.device_put` onto ``shardings`` (a matching tree, or one sharding for all),
+    also from a mesh on some hosts to a mesh on others. One process: `jax.device_put`.
+
+    Several processes, per leaf: one already laid out as asked is returned as it is;
+    host data (NumPy, scalars, arrays of this process alone) is the same on every
+    process and each fills its own shards; an array that moves between devices of one
+    process is copied there, the other processes get its empty stand-in; one that
+    stays on the same devices is resharded on them; anything else goes through the
+    hosts (`fetch`).
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+
+    leaves, treedef = jax.tree.flatten(tree)
+    targets = treedef.flatten_up_to(shardings)
+    out, via_host = list(leaves), []
+    for i, (x, s) in enumerate(zip(leaves, targets)):
+        if not isinstance(x, jax.Array):
+            out[i] = _put_host_value(x, s)
+        elif x.sharding == s:
+            continue
+        elif x.sharding.device_set == s.device_set:
+            out[i] = jax.device_put(x, s)
+        elif isinstance(x.sharding, SingleDeviceSharding) and x.is_fully_addressable:
+            # Computed by each process on its own default device (an env reset before
+            # placement): the same everywhere, so each process's copy is the host value.
+            # Arrays of a component's mesh have named shardings and never land here.
+            out[i] = _put_host_value(x, s)
+        elif len(_processes(x.sharding) | _processes(s)) == 1:
+            if x.is_fully_addressable:
+                out[i] = jax.device_put(x, s)
+            else:
+                out[i] = jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype)
+        else:
+            via_host.append(i)
+    if via_host:
+        values = fetch([leaves[i] for i in via_host])
+        for i, v in zip(via_host, values):
+            out[i] = _put_host_value(v, targets[i])
+    return jax.tree.unflatten(treedef, out)
