@@ -1,9 +1,18 @@
-"""`python -m rlinf_jax.evaluate RUN_OR_CHECKPOINT [key=value ...]`: score a saved policy.
+"""`python -m rlinf_jax.evaluate`: score a saved policy.
 
-Loads the run's resolved ``config.yaml`` (overrides may change evaluation settings such as
+Embodied: ``python -m rlinf_jax.evaluate RUN_OR_CHECKPOINT [key=value ...]`` loads the run's
+resolved ``config.yaml`` (overrides may change evaluation settings such as
 ``env.num_eval_envs`` or ``env.episode_length``), restores the checkpoint (the latest one
 for a run or checkpoints folder), runs the deterministic policy for one episode in every
 eval env and prints one JSON object. Same checkpoint, same seed: same numbers.
+
+Language models: ``python -m rlinf_jax.evaluate --checkpoint DIR [--data PATH] [--k K]
+[key=value ...]`` answers every prompt of a JSONL / JSON / Parquet file (default: the run's
+held-out split) ``--n`` times and reports pass@1 and pass@k (greedy with one sample, else
+sampled at ``--temperature``). ``DIR`` is an sft / reasoning run folder or checkpoint, or a
+Hugging Face / converted model directory. A progress bar runs on stderr; the full report,
+every response included, goes to ``--out`` (default ``<run folder>/eval/<data>_step<N>.json``)
+and the summary is the last line of stdout.
 """
 
 from __future__ import annotations
@@ -16,8 +25,17 @@ from pathlib import Path
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m rlinf_jax.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("path", help="a run folder, its checkpoints folder, or one step folder")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the eval episodes' initial states")
+    parser.add_argument("path", nargs="?", help="embodied: a run folder, its checkpoints folder, or one step folder")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the eval episodes' initial states / the samples")
+    lm = parser.add_argument_group("language models")
+    lm.add_argument("--checkpoint", help="an sft / reasoning run or checkpoint, or a Hugging Face model directory")
+    lm.add_argument("--data", help="prompts to answer: .jsonl / .json / .parquet (default: the run's held-out split)")
+    lm.add_argument("--k", type=int, nargs="+", default=None, help="report pass@k for these k (default: 1 and --n)")
+    lm.add_argument("--n", type=int, default=None, help="samples per prompt (default: the largest k)")
+    lm.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature (default: greedy for one sample, 1.0 for more)")
+    lm.add_argument("--out", help="where to write the JSON report")
+    lm.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     # Intermixed: `PATH --seed 3 key=value` as well as `PATH key=value --seed 3`.
     return parser.parse_intermixed_args(argv)
@@ -58,7 +76,19 @@ def main(argv=None) -> int:
     from rlinf_jax.errors import BadInput
 
     try:
-        result = evaluate(args.path, args.overrides, args.seed)
+        if args.checkpoint is not None:
+            if args.path is not None:
+                raise BadInput("give either a run path (embodied) or --checkpoint (language models), not both")
+            from rlinf_jax.flow.reasoning_evaluate import evaluate_lm
+
+            result = evaluate_lm(
+                args.checkpoint, args.data, args.overrides, seed=args.seed, ks=args.k, n=args.n,
+                temperature=args.temperature, out=args.out, progress=not args.no_progress,
+            )
+        elif args.path is None:
+            raise BadInput("nothing to evaluate: give a run folder (embodied) or --checkpoint DIR (language models)")
+        else:
+            result = evaluate(args.path, args.overrides, args.seed)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -446,6 +446,7 @@ def validate(cfg: Config) -> None:
             isinstance(shape, dict) and all(isinstance(v, int) for v in shape.values()),
             f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
+    _require(cfg.cluster.max_restarts >= 0, f"cluster.max_restarts={cfg.cluster.max_restarts} must be >= 0 (0 = never restart)")
     _require(r.task in TASKS, f"runner.task={r.task!r} is unknown; choose one of {', '.join(TASKS)}")
     if r.task in LM_TASKS:
         validate_lm(cfg)
@@ -491,9 +492,6 @@ def validate_lm(cfg: Config) -> None:
         f"actor.model.lm_hidden_size={m.lm_hidden_size} must split into lm_num_heads={m.lm_num_heads} heads "
         "of an even size",
     )
-    if m.path:
-        _require(os.path.exists(m.path), f"actor.model.path={m.path!r}: no such path; give a run folder, a checkpoint, "
-                 "a Hugging Face model directory or a converted directory, or \"\" for a fresh tiny model")
     _require(m.lora_rank >= 0, f"actor.model.lora_rank={m.lora_rank} must be >= 0 (0 = full fine-tuning)")
     _require(math.isfinite(m.lora_alpha) and m.lora_alpha > 0, f"actor.model.lora_alpha={m.lora_alpha} must be > 0")
 

@@ -60,7 +60,7 @@ from rlinf_jax.sharding import (
     resolve_placement,
     rules_from_config,
 )
-from rlinf_jax.sharding.mesh import fetch, put
+from rlinf_jax.sharding.mesh import fetch, put, replicated
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 TOKEN_ADVANTAGES = ("reinforce_pp", "reinforce_pp_baseline")
@@ -157,7 +157,7 @@ class ReasoningTrainer:
         # current ones and need no forward pass of their own.
         self.recompute_old = a.update_epochs > 1 or self.n_mini > 1 or a.loss_type == "decoupled_ppo"
         self.tx, self.schedule = self._make_optimizer()
-        self._update = jax.jit(self._update_fn, donate_argnums=0)
+        self._update = jax.jit(self._update_fn, donate_argnums=0, out_shardings=(self._state_shardings(), None))
 
         self.reward_fn = RewardFunction(reward_config(cfg))
         ro = cfg.rollout
@@ -184,15 +184,26 @@ class ReasoningTrainer:
         )
 
     # ------------------------------------------------------------------ state
+    def _state_shardings(self):
+        mesh = self.meshes["actor"]
+        opt = jax.eval_shape(self.tx.init, self._init_params)
+        return RLState(self.param_shardings, rm.state_shardings(opt, mesh, self.rules), replicated(mesh), replicated(mesh))
+
     def init(self) -> RLState:
         params = jax.tree.map(jnp.copy, self._init_params)
         opt_state = jax.jit(self.tx.init)(params)
-        return RLState(params, opt_state, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        return self.start(RLState(params, opt_state, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)))
 
     def start(self, ts: RLState) -> RLState:
-        params = put(ts.params, self.param_shardings)
-        opt_state = put(ts.opt_state, param_shardings(ts.opt_state, self.meshes["actor"], self.rules))
-        ts = ts.replace(params=params, opt_state=opt_state)
+        """Lays a (restored) state out on the actor mesh exactly as the update returns it,
+        so the update compiles once."""
+        mesh = self.meshes["actor"]
+        ts = ts.replace(
+            params=put(ts.params, self.param_shardings),
+            opt_state=put(ts.opt_state, rm.state_shardings(ts.opt_state, mesh, self.rules)),
+            step=put(ts.step, replicated(mesh)),
+            bad_iterations=put(ts.bad_iterations, replicated(mesh)),
+        )
         self.sampler.set_params(ts.params["policy"])
         return ts
 
@@ -426,7 +437,7 @@ class ReasoningTrainer:
             new_params = optax.apply_updates(params, updates)
             ok = jnp.isfinite(metrics["train/loss"]) & rm.finite(grads)
             metrics = {k: jnp.where(ok, v, 0.0) for k, v in metrics.items()}
-            metrics["train/grad_norm"] = jnp.where(ok, optax.global_norm(grads), 0.0)
+            metrics["train/grad_norm"] = jnp.where(ok, optax.tree.norm(grads), 0.0)
             metrics["train/ok_updates"] = ok.astype(jnp.float32)
             return (rm.select(ok, new_params, params), rm.select(ok, new_opt, opt_state)), metrics
 
@@ -503,4 +514,4 @@ class ReasoningTrainer:
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,
         )
-        return {"eval/accuracy": result["accuracy"], "eval/response_length": result["response_length"]}
+        return {f"eval/{k}": v for k, v in result.items() if k != "pass@1"}

@@ -78,6 +78,12 @@ def score_dataset(
             progress(real)
     hits = (correct > 0.5).sum(axis=1)
     metrics = {"accuracy": float(correct.mean()), "response_length": float(lengths.mean())}
+    levels = [dataset[i].get("level") for i in range(len(dataset))] if len(dataset) else []
+    if levels and all(isinstance(v, int) for v in levels) and len(set(levels)) > 1:
+        # Procedural data: accuracy per difficulty level, to see where a gain comes from.
+        levels = np.asarray(levels)
+        for level in sorted(set(levels.tolist())):
+            metrics[f"accuracy_level{level}"] = float(correct[levels == level].mean())
     for k in ks:
         metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n_samples, int(c), k) for c in hits]))
     if keep_responses:

@@ -76,6 +76,13 @@ def load_policy(cfg: Config, seed: int | None = None) -> LoadedLM:
         model = CausalLM(lm_config_from(m), dtype=dtype, rngs=nnx.Rngs(seed))
         return LoadedLM(model, f"fresh {m.lm_model_type} model (seed {seed})")
     path = Path(m.path)
+    if not path.exists():
+        # Checked here rather than when the config loads, so recipes can name a model
+        # directory that only exists on the machine that trains.
+        raise BadInput(
+            f"actor.model.path={m.path!r}: no such path; give a run folder, a checkpoint, a Hugging Face model "
+            'directory or a converted directory, or "" for a fresh tiny model'
+        )
     if path.is_dir() and _is_hf_dir(path):
         from rlinf_jax.policies.lm import from_pretrained, load_converted
 
@@ -317,3 +324,26 @@ def place_rows(tree, mesh, rows: int):
     split = rows % batch_divisor(mesh) == 0
     bs, rep = batch_sharding(mesh), replicated(mesh)
     return jax.tree.map(lambda x: put(x, bs if split and np.ndim(x) and np.shape(x)[0] == rows else rep), tree)
+
+
+def state_shardings(tree, mesh, rules):
+    """`param_shardings` for optimiser states too: a leaf whose annotation does not fit its
+    shape (the empty placeholders ``optax.multi_transform`` keeps for another partition's
+    parameters) falls back to the size-based default rule."""
+    from flax import nnx as _nnx
+    from jax.sharding import NamedSharding
+
+    from rlinf_jax.sharding.partition import default_spec, logical_to_spec
+
+    def one(leaf):
+        if isinstance(leaf, _nnx.Variable):
+            names = leaf.get_metadata().get("out_sharding")
+            shape = np.shape(leaf.get_value())
+            if names and len(names) == len(shape) and all(shape):
+                spec = logical_to_spec(names, mesh, rules, shape)
+            else:
+                spec = default_spec(shape, mesh)
+            return leaf.replace(NamedSharding(mesh, spec))
+        return NamedSharding(mesh, default_spec(np.shape(leaf), mesh))
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, _nnx.Variable))

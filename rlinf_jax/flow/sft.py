@@ -30,7 +30,7 @@ from rlinf_jax.flow.reasoning_eval import score_dataset
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.sharding import component_mesh, param_shardings, resolve_num_devices, resolve_placement, rules_from_config
-from rlinf_jax.sharding.mesh import fetch, put
+from rlinf_jax.sharding.mesh import fetch, put, replicated
 
 SFT_COMPONENTS = ("actor",)
 
@@ -79,23 +79,27 @@ class SFTTrainer:
         )
         self.batch_size = cfg.actor.global_batch_size
         self.micro = cfg.actor.micro_batch_size
-        self._step = jax.jit(self._train_step, donate_argnums=0)
+        self._step = jax.jit(self._train_step, donate_argnums=0, out_shardings=(self._state_shardings(), None))
         self.samples_per_iteration = self.batch_size
 
     # ------------------------------------------------------------------ state
+    def _state_shardings(self):
+        opt = jax.eval_shape(self.tx.init, self._init_params)
+        rep = replicated(self.mesh)
+        return LMTrainState(self.param_shardings, rm.state_shardings(opt, self.mesh, self.rules), rep, rep)
+
     def init(self) -> LMTrainState:
         params = jax.tree.map(jnp.copy, self._init_params)
-        return LMTrainState(
+        return self.start(LMTrainState(
             params=params,
             opt_state=jax.jit(self.tx.init)(params),
             step=jnp.zeros((), jnp.int32),
             bad_iterations=jnp.zeros((), jnp.int32),
-        )
+        ))
 
     def start(self, ts: LMTrainState) -> LMTrainState:
-        params = put(ts.params, self.param_shardings)
-        opt_state = put(ts.opt_state, param_shardings(ts.opt_state, self.mesh, self.rules))
-        return ts.replace(params=params, opt_state=opt_state)
+        """Lays a (restored) state out as the step returns it, so the step compiles once."""
+        return jax.tree.map(lambda x, s: put(x, s), ts, self._state_shardings())
 
     def snapshot(self, ts: LMTrainState) -> LMTrainState:
         return ts
@@ -143,7 +147,7 @@ class SFTTrainer:
         )
         metrics = {
             "train/loss": jnp.where(ok, loss, 0.0),
-            "train/grad_norm": jnp.where(ok, optax.global_norm(grads), 0.0),
+            "train/grad_norm": jnp.where(ok, optax.tree.norm(grads), 0.0),
             "train/lr": jnp.asarray(self.schedule(ts.step), jnp.float32),
             "train/target_tokens": total,
             "train/skipped_updates": (~ok).astype(jnp.float32),
@@ -183,7 +187,7 @@ class SFTTrainer:
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,
         )
-        return {"eval/accuracy": result["accuracy"], "eval/response_length": result["response_length"]}
+        return {f"eval/{k}": v for k, v in result.items() if k != "pass@1"}
 
     def close(self) -> None:
         self.reward_fn.close()

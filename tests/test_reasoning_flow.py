@@ -1,0 +1,197 @@
+"""Reasoning runs end to end: SFT warm start then GRPO raising the reward, exact resume,
+collocated = disaggregated = hybrid on 8 fake devices, bad data files at the CLI, and
+the evaluation CLI (pass@1 / pass@k)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from rlinf_jax.runtime import read_metrics
+from rlinf_jax.train import main
+
+# A 2-layer, 64-wide model: a 60-step warm start answers a few single-digit sums.
+TINY = [
+    "actor.model.lm_hidden_size=64",
+    "actor.model.lm_intermediate_size=128",
+    "actor.model.lm_num_layers=2",
+    "actor.model.lm_num_heads=2",
+    "actor.model.lm_num_kv_heads=1",
+    "data.train_levels=[1]",
+    "data.eval_levels=[1]",
+    "data.eval_size=32",
+    "rollout.max_new_tokens=12",
+    "rollout.eval_batch_size=32",
+    "runner.progress_bar=false",
+    "runner.tensorboard=false",
+    "data.rollout_batch_size=8",
+    "algorithm.group_size=4",
+    "actor.global_batch_size=16",
+    "actor.micro_batch_size=8",
+    "algorithm.update_epochs=2",
+]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A warm-started tiny model (an SFT run folder) shared by the tests of this file."""
+    out = tmp_path_factory.mktemp("warm")
+    assert main(["--config-name", "sft_math", *TINY, f"runner.output_dir={out}", "runner.experiment_name=sft",
+                 "runner.max_steps=60", "actor.optim.lr=3e-3", "actor.global_batch_size=64",
+                 "actor.micro_batch_size=64", "runner.eval_interval=0", "runner.save_interval=0"]) == 0
+    return out / "sft"
+
+
+def rl(tmp_path, warm, name, *extra):
+    return ["--config-name", "grpo_math", *TINY, f"runner.output_dir={tmp_path}", f"runner.experiment_name={name}",
+            f"actor.model.path={warm}", "runner.log_interval=1", *extra]
+
+
+def strip(records):
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "rollout/tokens_per_sec"} for r in records]
+
+
+@pytest.mark.slow
+def test_grpo_after_sft_raises_the_reward(tmp_path, warm):
+    # Two sums the warm start gets right about one time in six when sampling; GRPO learns
+    # them from the reward alone.
+    data = tmp_path / "two.jsonl"
+    data.write_text('{"prompt": "What is 3 + 1?", "answer": "4"}\n{"prompt": "What is 4 + 5?", "answer": "9"}\n')
+    args = rl(tmp_path, warm, "up", "data.source=files", f"data.train_path={data}", f"data.eval_path={data}",
+              "data.rollout_batch_size=2", "algorithm.group_size=16", "algorithm.update_epochs=1",
+              "actor.global_batch_size=32", "actor.micro_batch_size=32", "actor.optim.lr=1e-3",
+              "runner.max_steps=20", "runner.eval_interval=20")
+    assert main(args) == 0
+    records = read_metrics(tmp_path / "up")
+    acc = [r["rollout/accuracy"] for r in records if "rollout/accuracy" in r]
+    assert np.mean(acc[-5:]) > np.mean(acc[:5]) + 0.15, acc
+    assert records[-1]["eval/accuracy"] > records[0]["eval/accuracy"], records
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly(tmp_path, warm):
+    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.kl_coef=0.01")
+    assert main(rl(tmp_path, warm, "full", "runner.max_steps=4", *extra)) == 0
+    assert main(rl(tmp_path, warm, "cut", "runner.max_steps=2", *extra)) == 0
+    assert main(rl(tmp_path, warm, "cut", "runner.max_steps=4", "runner.resume=auto", *extra)) == 0
+    full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert [r["step"] for r in full] == [0, 1, 2, 3, 4]
+    assert strip(cut) == strip(full)
+    assert {"train/kl", "rollout/clip_rate", "rollout/truncation_rate", "rollout/response_length",
+            "reward/accuracy", "eval/accuracy", "time/update_sec"} <= set(full[-1])
+    placement = json.loads((tmp_path / "full" / "placement.json").read_text())
+    assert set(placement["components"]) == {"rollout", "reference", "actor"}
+
+
+_PLACEMENTS = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    from rlinf_jax.config import load_config
+    from rlinf_jax.flow.reasoning_runner import run
+    from rlinf_jax.runtime import read_metrics
+
+    out, warm, placement = sys.argv[1], sys.argv[2], sys.argv[3]
+    tiny = json.loads(sys.argv[4])
+    cfg = load_config("grpo_math", [*tiny, f"runner.output_dir={out}", "runner.experiment_name=p",
+                                    f"actor.model.path={warm}", "runner.log_interval=1", "runner.max_steps=3",
+                                    "runner.eval_interval=3", "algorithm.kl_coef=0.01",
+                                    f"cluster.component_placement={placement}"])
+    run(cfg)
+    print(json.dumps({"metrics": read_metrics(f"{out}/p"),
+                      "placement": json.load(open(f"{out}/p/placement.json"))}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, warm):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    results = {}
+    for name, placement in [
+        ("collocated", "collocated"),
+        ("disaggregated", "disaggregated"),
+        ("hybrid", "{rollout: 0-3, reference: 4-5, actor: all}"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PLACEMENTS, str(tmp_path / name), str(warm), placement, json.dumps(TINY)],
+            capture_output=True, text=True, env=env, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    modes = {k: v["placement"]["mode"] for k, v in results.items()}
+    assert modes == {"collocated": "collocated", "disaggregated": "disaggregated", "hybrid": "hybrid"}
+    devices = results["disaggregated"]["placement"]["components"]
+    assert devices["actor"]["devices"] == [4, 5, 6, 7] and devices["rollout"]["devices"] == [0, 1]
+    base = strip(results["collocated"]["metrics"])
+    assert any(r.get("rollout/accuracy", 0) > 0 for r in base)  # rewards vary: the comparison means something
+    for name in ("disaggregated", "hybrid"):
+        other = strip(results[name]["metrics"])
+        assert [r.keys() for r in other] == [r.keys() for r in base]
+        for a, b in zip(base, other):
+            for k in a:
+                assert b[k] == pytest.approx(a[k], rel=2e-3, abs=2e-5), (name, a["step"], k)
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"question": "What is 1 + 1?", "answer": "2"}\n', "has no key 'prompt'"),
+    ("", "is empty"),
+    ("{not json\n", "not valid JSON"),
+    (None, "is a directory"),
+])
+def test_bad_data_files_are_one_error_line(tmp_path, capsys, content, expected):
+    path = tmp_path / "data.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    runs = tmp_path / "runs"
+    code = main(["--config-name", "grpo_math", "data.source=files", f"data.train_path={path}",
+                 f"runner.output_dir={runs}", "runner.progress_bar=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: ") and "\n" not in err and expected in err, err
+    assert not runs.exists(), "bad input must not create anything"
+
+
+def test_unreadable_data_file_is_one_error_line(tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "a", "answer": "1"}\n')
+    path.chmod(0)
+    assert main(["--config-name", "sft_math", "data.source=files", f"data.train_path={path}",
+                 f"runner.output_dir={tmp_path / 'runs'}"]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot read data file")
+
+
+@pytest.mark.slow
+def test_evaluate_cli_pass_at_k(tmp_path, warm, capsys):
+    from rlinf_jax.evaluate import main as evaluate
+
+    data = tmp_path / "probe.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                            for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]))
+    out = tmp_path / "report.json"
+    assert evaluate(["--checkpoint", str(warm), "--data", str(data), "--k", "1", "4", "--seed", "1",
+                     "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads(out.read_text())
+    assert summary["problems"] == 4 and summary["samples_per_problem"] == 4 and summary["step"] == 60
+    correct = np.array([r["correct"] for r in report["records"]])
+    assert correct.shape == (4, 4) and len(report["records"][0]["responses"]) == 4
+    # pass@1 is the mean correctness; pass@4 with 4 samples is "any of them right".
+    assert summary["pass@1"] == pytest.approx(correct.mean())
+    assert summary["pass@4"] == pytest.approx(correct.max(axis=1).mean())
+    # Greedy by default; the same seed gives the same report.
+    assert evaluate(["--checkpoint", str(warm), "--data", str(data), "--out", str(out), "--no-progress"]) == 0
+    greedy = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert greedy["temperature"] == 0.0 and greedy["samples_per_problem"] == 1
+    assert evaluate(["--checkpoint", str(warm), "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
