@@ -155,6 +155,9 @@ class ClusterConfig:
     mesh: dict[str, Any] = field(default_factory=dict)
     # Logical parameter axis -> mesh axis overrides, e.g. {mlp: fsdp}.
     partition_rules: dict[str, Any] = field(default_factory=dict)
+    # Multi-host runs (python -m rlinf_jax.launch): how often a job whose process died is
+    # restarted from its latest checkpoint before the launcher gives up.
+    max_restarts: int = 2
 
 
 @dataclass
