@@ -38,8 +38,8 @@ def sft_overrides(tmp_path, name="s", *extra):
 def _trainer(tmp_path, *extra):
     from rlinf_jax.flow.sft import SFTTrainer
 
-    cfg = load_config("sft_math", sft_overrides(tmp_path, "s", "actor.global_batch_size=8",
-                                                "actor.micro_batch_size=8", *extra))
+    cfg = load_config("sft_math", sft_overrides(tmp_path, "s", "actor.global_batch_size=8", "actor.micro_batch_size=8",
+                                                "actor.optim.warmup_steps=0", *extra))
     return SFTTrainer(cfg)
 
 
@@ -52,7 +52,7 @@ def test_sft_loss_is_the_target_token_nll(tmp_path):
     # Reference: each row on its own, unpadded (prompt + target), through the plain forward.
     from flax import nnx
 
-    model = nnx.merge(trainer.graphdef, jax.device_get(ts.params))
+    model = nnx.merge(trainer.graphdef, jax.device_get(ts.params["policy"]))
     nll, count = 0.0, 0
     for r in range(batch["tokens"].shape[0]):
         prompt = batch["prompt_ids"][r][batch["prompt_mask"][r] > 0]
@@ -75,8 +75,9 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     new_a, ma = whole._train_step(ts_a, batch)
     new_b, mb = split._train_step(ts_b, batch)
     assert float(ma["train/loss"]) == pytest.approx(float(mb["train/loss"]), rel=1e-5)
-    for a, b in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params)):
+    for a, b, before in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params), jax.tree.leaves(ts_a.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    assert not np.array_equal(np.asarray(before), np.asarray(a))  # the step did move the weights
 
 
 def test_targets_are_boxed_answer_and_end_token():
@@ -122,3 +123,34 @@ def test_sft_cli_learns_checkpoints_and_resumes_exactly(tmp_path):
     b, _ = Checkpointer(tmp_path / "cut" / "checkpoints").restore(8, None)
     for x, y in zip(jax.tree.leaves(a["params"]), jax.tree.leaves(b["params"])):
         np.testing.assert_array_equal(x, y)
+
+
+def test_lora_starts_at_the_base_model_and_trains_only_the_adapters(tmp_path):
+    from flax import nnx
+
+    from rlinf_jax.flow.reasoning_lora import merge_host
+    from rlinf_jax.policies.lm.hf_checkpoint import flatten_tree
+
+    full = _trainer(tmp_path)
+    lora = _trainer(tmp_path, "actor.model.lora_rank=4", "actor.model.lora_alpha=8")
+    batch = jax.device_get(full.next_batch())
+    ts = lora.init()
+    _, m_full = full._train_step(full.init(), batch)
+    new, m_lora = lora._train_step(ts, batch)
+    # B = 0 at the start: the same model, the same loss.
+    assert float(m_lora["train/loss"]) == pytest.approx(float(m_full["train/loss"]), rel=1e-6)
+    before, after = jax.device_get(ts.params), jax.device_get(new.params)
+    for x, y in zip(jax.tree.leaves(before["policy"]), jax.tree.leaves(after["policy"])):
+        np.testing.assert_array_equal(x, y)  # the base is frozen
+    assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before["lora"]), jax.tree.leaves(after["lora"])))
+    # 7 projections per layer get adapters; the merged weights are W + alpha/r * A @ B.
+    assert len(after["lora"]) == 7
+    merged = jax.device_get(lora.policy_state(after))
+    key = "layers:0:attn:q_proj:kernel"
+    w = np.asarray(after["policy"]["layers"][0]["attn"]["q_proj"]["kernel"][...])
+    expect = w + 2.0 * after["lora"][key]["a"] @ after["lora"][key]["b"]
+    np.testing.assert_allclose(np.asarray(merged["layers"][0]["attn"]["q_proj"]["kernel"][...]), expect, rtol=1e-5, atol=1e-7)
+    # The host-side merge used when a LoRA checkpoint is loaded gives the same weights.
+    stored = {k.removesuffix(".value"): v for k, v in flatten_tree(nnx.to_pure_dict(after["policy"])).items()}
+    host = merge_host(stored, flatten_tree(after["lora"]), {"rank": 4, "alpha": 8})
+    np.testing.assert_allclose(host["layers.0.attn.q_proj.kernel"], expect, rtol=1e-5, atol=1e-7)

@@ -49,6 +49,7 @@ from rlinf_jax.flow import reasoning_model as rm
 from rlinf_jax.flow.dynamic_sampling import collect_informative_groups
 from rlinf_jax.flow.reasoning_data import data_config, reward_config
 from rlinf_jax.flow.reasoning_eval import score_dataset
+from rlinf_jax.flow.reasoning_lora import LoRA
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.sharding import (
@@ -134,6 +135,12 @@ class ReasoningTrainer:
         self._meta_base = rm.checkpoint_meta(loaded.model, cfg.data.tokenizer)
         self.graphdef, policy = nnx.split(loaded.model)
         params = {"policy": policy}
+        self.lora = None
+        m = cfg.actor.model
+        if m.lora_rank > 0:
+            # The policy trains through adapters only; the base stays frozen.
+            self.lora = LoRA(policy, m.lora_rank, m.lora_alpha)
+            params["lora"] = self.lora.init(jax.random.PRNGKey(cfg.runner.seed + 1))
         self.use_value = a.adv_type == "gae"
         if self.use_value:
             # The critic starts as a copy of the policy's trunk with a zero head.
@@ -158,6 +165,7 @@ class ReasoningTrainer:
         self.recompute_old = a.update_epochs > 1 or self.n_mini > 1 or a.loss_type == "decoupled_ppo"
         self.tx, self.schedule = self._make_optimizer()
         self._update = jax.jit(self._update_fn, donate_argnums=0, out_shardings=(self._state_shardings(), None))
+        self._merged_policy = jax.jit(self.policy_state)
 
         self.reward_fn = RewardFunction(reward_config(cfg))
         ro = cfg.rollout
@@ -173,15 +181,22 @@ class ReasoningTrainer:
         cfg, o = self.cfg, self.cfg.actor.optim
         total = cfg.runner.max_steps * cfg.algorithm.update_epochs * self.n_mini
         tx, sched = rm.make_optimizer(o.lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, total)
-        if not self.use_value:
-            return optax.multi_transform({"policy": tx}, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()}), sched
-        value_tx, _ = rm.make_optimizer(o.critic_lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, total)
-        return (
-            optax.multi_transform(
-                {"policy": tx, "value": value_tx}, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()}
-            ),
-            sched,
-        )
+        parts = {"policy": tx}
+        if self.lora is not None:
+            parts = {"policy": optax.set_to_zero(), "lora": tx}
+        if self.use_value:
+            parts["value"], _ = rm.make_optimizer(o.critic_lr, o.max_grad_norm, o.weight_decay, o.warmup_steps,
+                                                  o.lr_schedule, total)
+        return optax.multi_transform(parts, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()}), sched
+
+    def policy_state(self, params):
+        """The policy's weights: the parameters, or the frozen base merged with the adapters."""
+        if self.lora is None:
+            return params["policy"]
+        return self.lora.merge(jax.lax.stop_gradient(params["policy"]), params["lora"])
+
+    def rollout_weights(self, params):
+        return params["policy"] if self.lora is None else self._merged_policy(params)
 
     # ------------------------------------------------------------------ state
     def _state_shardings(self):
@@ -204,14 +219,17 @@ class ReasoningTrainer:
             step=put(ts.step, replicated(mesh)),
             bad_iterations=put(ts.bad_iterations, replicated(mesh)),
         )
-        self.sampler.set_params(ts.params["policy"])
+        self.sampler.set_params(self.rollout_weights(ts.params))
         return ts
 
     def snapshot(self, ts: RLState) -> RLState:
         return ts
 
     def meta(self) -> dict:
-        return {**self._meta_base, "loader": self.loader.state_dict(), "task": "reasoning"}
+        meta = {**self._meta_base, "loader": self.loader.state_dict(), "task": "reasoning"}
+        if self.lora is not None:
+            meta["lora"] = self.lora.meta()
+        return meta
 
     def load_meta(self, meta: dict) -> None:
         if "loader" in meta:
@@ -321,7 +339,7 @@ class ReasoningTrainer:
         m = batch["response_mask"]
         out = {}
         if self.recompute_old:
-            model = nnx.merge(self.graphdef, params["policy"])
+            model = nnx.merge(self.graphdef, self.policy_state(params))
             fn = lambda mb: rm.policy_logprobs(model, mb, self._temperature())[0]  # noqa: E731
             out["old_logp"] = jax.lax.stop_gradient(rm.chunked(fn, batch, self.micro))
         rewards = batch["rewards"]
@@ -369,7 +387,7 @@ class ReasoningTrainer:
             w = m.shape[0] / totals["seqs"]
         share = _token_share(m, totals["tokens"])  # weight of this micro-batch's token metrics
 
-        model = nnx.merge(self.graphdef, params["policy"])
+        model = nnx.merge(self.graphdef, self.policy_state(params))
         logp, entropy = rm.policy_logprobs(model, mb, self._temperature())
         old = mb["old_logp"] if self.recompute_old else jax.lax.stop_gradient(logp)
         adv = mb["advantages"]
@@ -486,7 +504,7 @@ class ReasoningTrainer:
         train_metrics = {k: float(v) for k, v in fetch(train_metrics).items()}
         t2 = time.perf_counter()
         # Weight sync: the rollout's copy of the policy, laid out on the rollout mesh.
-        self.sampler.set_params(ts.params["policy"])
+        self.sampler.set_params(self.rollout_weights(ts.params))
         t3 = time.perf_counter()
         metrics.update(train_metrics)
         metrics.update({"time/update_sec": t2 - t1, "time/sync_sec": t3 - t2, "time/step_sec": t3 - t0})
@@ -509,7 +527,7 @@ class ReasoningTrainer:
     def run_eval(self, ts: RLState, key, progress=None) -> dict:
         if self.eval_ds is None:
             return {}
-        self.sampler.set_params(ts.params["policy"])
+        self.sampler.set_params(self.rollout_weights(ts.params))
         result = score_dataset(
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,

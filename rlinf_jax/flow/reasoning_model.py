@@ -107,9 +107,13 @@ def load_checkpoint_policy(path, dtype=None):
             "point actor.model.path at an sft or reasoning run, or a Hugging Face model directory"
         )
     config = LMConfig.from_hf_config(hf)
-    policy = state["params"].get("policy", state["params"])  # reasoning runs keep {"policy", "value"}
+    policy = state["params"].get("policy", state["params"])  # {"policy", "value", "lora"} in LM runs
     # A saved nnx.State names each array ``<path>.value`` (the Variable's field).
     stored = {k.removesuffix(".value"): v for k, v in flatten_tree(policy).items()}
+    if "lora" in state["params"] and "lora" in meta:
+        from rlinf_jax.flow.reasoning_lora import merge_host
+
+        stored = merge_host(stored, flatten_tree(state["params"]["lora"]), meta["lora"])
     dtype = parse_dtype(dtype) if dtype is not None else jnp.dtype(next(iter(stored.values())).dtype)
     graphdef, abstract = nnx.split(abstract_model(config, dtype, dtype))
     wanted = {dotted(p) for p, _ in nnx.to_flat_state(abstract)}
@@ -337,6 +341,8 @@ def state_shardings(tree, mesh, rules):
 
     def one(leaf):
         if isinstance(leaf, _nnx.Variable):
+            if not hasattr(leaf.get_value(), "shape"):
+                return leaf  # an optax MaskedNode: no array, nothing to place
             names = leaf.get_metadata().get("out_sharding")
             shape = np.shape(leaf.get_value())
             if names and len(names) == len(shape) and all(shape):

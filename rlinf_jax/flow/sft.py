@@ -27,6 +27,7 @@ from rlinf_jax.data import PromptLoader, boxed_response, build_datasets
 from rlinf_jax.flow import reasoning_model as rm
 from rlinf_jax.flow.reasoning_data import data_config, reward_config
 from rlinf_jax.flow.reasoning_eval import score_dataset
+from rlinf_jax.flow.reasoning_lora import LoRA
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.sharding import component_mesh, param_shardings, resolve_num_devices, resolve_placement, rules_from_config
@@ -37,7 +38,7 @@ SFT_COMPONENTS = ("actor",)
 
 @struct.dataclass
 class LMTrainState:
-    params: Any  # nnx.State of the policy
+    params: Any  # {"policy": nnx.State} (+ "lora": adapters, the policy then frozen)
     opt_state: Any
     step: jax.Array
     # Consecutive steps skipped for a non-finite loss or gradient.
@@ -64,14 +65,24 @@ class SFTTrainer:
         self.lm_config = loaded.model.config
         self.tokenizer = rm.load_run_tokenizer(cfg, self.lm_config.vocab_size)
         self.encoder = rm.PromptEncoder(cfg, self.tokenizer)
-        self.graphdef, params = nnx.split(loaded.model)
+        self.graphdef, policy = nnx.split(loaded.model)
         self._meta_base = rm.checkpoint_meta(loaded.model, cfg.data.tokenizer)
+        params = {"policy": policy}
+        self.lora = None
+        m = cfg.actor.model
+        if m.lora_rank > 0:
+            self.lora = LoRA(policy, m.lora_rank, m.lora_alpha)
+            params["lora"] = self.lora.init(jax.random.PRNGKey(cfg.runner.seed + 1))
+            self._meta_base["lora"] = self.lora.meta()
         self.param_shardings = param_shardings(params, self.mesh, self.rules)
         self._init_params = put(params, self.param_shardings)
         o = cfg.actor.optim
-        self.tx, self.schedule = rm.make_optimizer(
+        tx, self.schedule = rm.make_optimizer(
             o.lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, cfg.runner.max_steps
         )
+        parts = {"policy": tx} if self.lora is None else {"policy": optax.set_to_zero(), "lora": tx}
+        self.tx = optax.multi_transform(parts, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()})
+        self._merged_policy = jax.jit(self.policy_state)
         self.reward_fn = RewardFunction(reward_config(cfg))
         self.sampler = Sampler(loaded.model, pad_id=rm.pad_id(self.tokenizer), mesh=self.mesh, rules=self.rules)
         self.eval_sampling = SamplingParams(
@@ -83,6 +94,12 @@ class SFTTrainer:
         self.samples_per_iteration = self.batch_size
 
     # ------------------------------------------------------------------ state
+    def policy_state(self, params):
+        """The policy's weights: the parameters, or the frozen base merged with the adapters."""
+        if self.lora is None:
+            return params["policy"]
+        return self.lora.merge(jax.lax.stop_gradient(params["policy"]), params["lora"])
+
     def _state_shardings(self):
         opt = jax.eval_shape(self.tx.init, self._init_params)
         rep = replicated(self.mesh)
@@ -123,7 +140,7 @@ class SFTTrainer:
         micro = jax.tree.map(lambda x: x.reshape(n_micro, self.micro, *x.shape[1:]), batch)
 
         def loss_fn(params, mb):
-            model = nnx.merge(self.graphdef, params)
+            model = nnx.merge(self.graphdef, self.policy_state(params))
             logp, _ = rm.policy_logprobs(model, mb)
             m = mb["response_mask"] > 0
             return -jnp.sum(jnp.where(m, logp, 0.0)) / total
@@ -182,7 +199,7 @@ class SFTTrainer:
     def run_eval(self, ts: LMTrainState, key, progress=None) -> dict:
         if self.eval_ds is None:
             return {}
-        self.sampler.set_params(ts.params)
+        self.sampler.set_params(ts.params["policy"] if self.lora is None else self._merged_policy(ts.params))
         result = score_dataset(
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,
