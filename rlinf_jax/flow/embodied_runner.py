@@ -189,6 +189,10 @@ def run(cfg: Config, console=None) -> RunSummary:
         # What was logged or saved after the resume point belongs to a future this run rewrites.
         logger.truncate_after(resumed_from)
         checkpointer.delete_after(resumed_from)
+    elif cfg.runner.resume == "auto":
+        # Nothing to resume: a run that died before its first checkpoint (a restarted
+        # multi-host job) starts over, and what it logged belongs to no future.
+        logger.truncate_after(-1)
 
     t0 = time.perf_counter()
     eval_key = jax.random.PRNGKey(cfg.runner.seed + 1)
