@@ -1,30 +1,36 @@
 #!/usr/bin/env python
 """GRPO step time: our reasoning flow vs. TRL's ``GRPOTrainer`` (torch, no vLLM).
 
-Both sides start from the same checkpoint (a Hugging Face directory: the tiny ~2.9M
-parameter Qwen2 of ``grpo_math`` after a short SFT warm start on single-digit sums, with a
-character-level ``tokenizer.json`` that encodes exactly like our ``CharTokenizer``), train
-on the same prompts (procedural single-digit sums) with the same settings:
+Both sides start from the same checkpoint (a Hugging Face directory holding the tiny
+~2.9M-parameter Qwen2 of ``grpo_math``, with a character-level ``tokenizer.json`` that
+encodes exactly like our ``CharTokenizer``) and train on the same prompts (procedural
+single-digit sums) with the same settings:
 
-    prompts x generations x new tokens   8 x 4 x 32 (per step; --prompts --generations --new-tokens)
+    prompts x generations x new tokens   8 x 4 x 32 per step (--prompts-per-step --generations --new-tokens)
     sampling                             temperature 1, no top-k / top-p, stop at the end token
-    advantages                           GRPO: group mean / unbiased group std
-    loss                                 PPO-clip 0.2 / 0.2, token-mean over the batch (TRL "dapo")
+    advantages                           GRPO: (r - group mean) / group std
+    loss                                 PPO-clip 0.2 / 0.2, token mean over the batch (TRL's "dapo")
     KL                                   none (beta 0)
     optimiser                            AdamW, lr 5e-5 constant, grad clip 1.0, no weight decay
     update                               one optimiser step per generation batch (on-policy)
 
+By default the checkpoint is the randomly initialised model, whose responses run to all 32
+new tokens (an end token is rare), so every step generates and trains on the stated token
+count. ``--warm-start-steps N`` first runs N SFT steps of ours and exports that model: its
+answers stop after ~11 tokens and the reward curve means something, but both sides then
+generate far fewer tokens (generation is where we gain most, so the ratio is lower).
+
 Each side runs in its own process pinned to one CPU (``sched_setaffinity``) with one
 thread (``torch.set_num_threads(1)``; ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false
 intra_op_parallelism_threads=1``). Seconds per step are the median over the steps after
-``--warmup`` (compilation and first-call costs excluded), and each side's reward curve
-(mean reward of each step's samples) is reported.
+``--warmup`` (compilation and first-call costs excluded); each side's reward curve (mean
+reward of each step's samples) is reported.
 
 The last line of stdout is one JSON object with the figures and ``ratio`` = TRL's seconds
 per step over ours (higher is better for us).
 
     pip install 'rlinf-jax[bench]'          # TRL
-    python benchmarks/grpo_vs_trl.py [--steps 12] [--warmup 2] [--warm-start-steps 150]
+    python benchmarks/grpo_vs_trl.py [--steps 12] [--warmup 2] [--warm-start-steps 0]
 
 Tunix (google-tunix, JAX) conflicts with the current transformers and safetensors; it is
 not compared here (install it in a separate virtual environment to do so).
@@ -78,7 +84,7 @@ def make_checkpoint(work: Path, warm_start_steps: int) -> Path:
     cfg = load_config("sft_math", [f"runner.output_dir={work}", "runner.experiment_name=sft",
                                    f"runner.max_steps={max(warm_start_steps, 1)}", "runner.eval_interval=0",
                                    "runner.save_interval=0", "runner.progress_bar=false", "runner.tensorboard=false",
-                                   "runner.compilation_cache="])
+                                   "runner.compilation_cache=''"])
     if warm_start_steps > 0:
         run(cfg)
         model, _ = load_checkpoint_policy(work / "sft")
@@ -120,7 +126,11 @@ def run_trl(args) -> dict:
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from transformers import (
+        AutoModelForCausalLM,
+        PreTrainedTokenizerFast,
+        TrainerCallback,
+    )
     from trl import GRPOConfig, GRPOTrainer
 
     from rlinf_jax.rewards import RewardConfig, RewardFunction
@@ -168,7 +178,7 @@ def run_ours(args) -> dict:
     from rlinf_jax.flow.reasoning import ReasoningTrainer
 
     cfg = load_config("grpo_math", [
-        f"runner.output_dir={Path(args.work) / 'ours'}", "runner.compilation_cache=",
+        f"runner.output_dir={Path(args.work) / 'ours'}", "runner.compilation_cache=''",
         "sft.warm_start_steps=0", f"actor.model.path={args.model}", f"data.tokenizer={args.model}",
         "data.source=files", f"data.train_path={args.prompts}", "data.template=plain",
         f"data.rollout_batch_size={args.prompts_per_step}", f"algorithm.group_size={args.generations}",
@@ -204,7 +214,7 @@ def spawn(side: str, args, model: Path, prompts: Path, work: Path) -> dict:
     cmd = [sys.executable, __file__, "--side", side, "--model", str(model), "--prompts", str(prompts),
            "--work", str(work), "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
            "--generations", str(args.generations), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
         sys.exit(f"{side} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -218,7 +228,8 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--warm-start-steps", type=int, default=150)
+    p.add_argument("--warm-start-steps", type=int, default=0,
+                   help="SFT steps before the comparison (0: the random model, which uses all --new-tokens)")
     p.add_argument("--side", choices=("trl", "ours"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--prompts", help=argparse.SUPPRESS)

@@ -76,7 +76,10 @@ def test_grpo_after_sft_raises_the_reward(tmp_path, warm):
 
 @pytest.mark.slow
 def test_resume_continues_exactly(tmp_path, warm):
-    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.kl_coef=0.01")
+    # A constant learning rate: a linear decay would tie the schedule to runner.max_steps,
+    # which the cut run (stopped at 2, as a killed run would be) sets differently.
+    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.kl_coef=0.01",
+             "actor.optim.lr_schedule=constant")
     assert main(rl(tmp_path, warm, "full", "runner.max_steps=4", *extra)) == 0
     assert main(rl(tmp_path, warm, "cut", "runner.max_steps=2", *extra)) == 0
     assert main(rl(tmp_path, warm, "cut", "runner.max_steps=4", "runner.resume=auto", *extra)) == 0
@@ -121,7 +124,7 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, war
     ]:
         proc = subprocess.run(
             [sys.executable, "-c", _PLACEMENTS, str(tmp_path / name), str(warm), placement, json.dumps(TINY)],
-            capture_output=True, text=True, env=env, timeout=600,
+            check=False, capture_output=True, text=True, env=env, timeout=600,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])

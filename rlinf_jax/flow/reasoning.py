@@ -41,7 +41,15 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.algos import advantages as adv_lib
-from rlinf_jax.algos import aggregate, get_advantage, get_aggregation, get_kl, get_policy_loss, kl_penalty, value_loss
+from rlinf_jax.algos import (
+    aggregate,
+    get_advantage,
+    get_aggregation,
+    get_kl,
+    get_policy_loss,
+    kl_penalty,
+    value_loss,
+)
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader, build_datasets
 from rlinf_jax.errors import BadInput
@@ -105,6 +113,11 @@ class RLState:
 
 def _token_share(mask, total):
     return jnp.sum(mask) / jnp.maximum(total, 1.0)
+
+
+def _labels(params: dict) -> dict:
+    """Each top-level part of the parameters (policy, lora, value) labelled by its name."""
+    return {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
 
 
 class ReasoningTrainer:
@@ -187,7 +200,7 @@ class ReasoningTrainer:
         if self.use_value:
             parts["value"], _ = rm.make_optimizer(o.critic_lr, o.max_grad_norm, o.weight_decay, o.warmup_steps,
                                                   o.lr_schedule, total)
-        return optax.multi_transform(parts, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()}), sched
+        return optax.multi_transform(parts, _labels), sched
 
     def policy_state(self, params):
         """The policy's weights: the parameters, or the frozen base merged with the adapters."""
@@ -305,6 +318,11 @@ class ReasoningTrainer:
             "prompt_mask": prompt_mask,
             **{k: pick(k) for k in ("tokens", "response_mask", "sampler_logp", "rewards")},
         }
+        # The update runs on the columns some response reaches (rounded up to a bucket, so
+        # it compiles for a few widths only), not on all max_new_tokens.
+        width = min(rm.bucket(int(batch["response_mask"].sum(axis=1).max()), 16), batch["tokens"].shape[1])
+        for k in ("tokens", "response_mask", "sampler_logp"):
+            batch[k] = batch[k][:, :width]
         first = rounds[0]  # what the current policy does, before any filtering
         N = self.sampling.max_new_tokens
         metrics = {
@@ -325,7 +343,7 @@ class ReasoningTrainer:
     # ------------------------------------------------------------------ reference (reference mesh)
     def _reference_logprobs(self, ref_params, batch):
         model = nnx.merge(self.graphdef, ref_params)
-        fn = lambda mb: rm.policy_logprobs(model, mb, self._temperature())[0]  # noqa: E731
+        fn = lambda mb: rm.policy_logprobs(model, mb, self._temperature())[0]
         return rm.chunked(fn, batch, self.micro)
 
     def _temperature(self) -> float:
@@ -340,7 +358,7 @@ class ReasoningTrainer:
         out = {}
         if self.recompute_old:
             model = nnx.merge(self.graphdef, self.policy_state(params))
-            fn = lambda mb: rm.policy_logprobs(model, mb, self._temperature())[0]  # noqa: E731
+            fn = lambda mb: rm.policy_logprobs(model, mb, self._temperature())[0]
             out["old_logp"] = jax.lax.stop_gradient(rm.chunked(fn, batch, self.micro))
         rewards = batch["rewards"]
         kl_tokens = None

@@ -29,7 +29,13 @@ from flax import nnx
 from rlinf_jax.config.schema import Config, PolicyConfig
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import CausalLM, LMConfig
-from rlinf_jax.policies.lm.hf_checkpoint import abstract_model, dotted, fill_model, flatten_tree, parse_dtype
+from rlinf_jax.policies.lm.hf_checkpoint import (
+    abstract_model,
+    dotted,
+    fill_model,
+    flatten_tree,
+    parse_dtype,
+)
 
 # Checkpoint metadata key holding the model's Hugging Face config dict.
 LM_CONFIG_KEY = "lm_config"

@@ -22,14 +22,25 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 
 from rlinf_jax.config.loader import config_to_yaml, load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.embodied_runner import TrainingDiverged, enable_compilation_cache, next_boundary
-from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, list_steps, resolve_resume
+from rlinf_jax.flow.embodied_runner import (
+    TrainingDiverged,
+    enable_compilation_cache,
+    next_boundary,
+)
+from rlinf_jax.runtime import (
+    Checkpointer,
+    MetricsLogger,
+    RunDir,
+    list_steps,
+    resolve_resume,
+)
 from rlinf_jax.runtime.distributed import is_multiprocess, is_primary
 from rlinf_jax.sharding.mesh import fetch
 
@@ -134,13 +145,20 @@ def _checkpoint_state(trainer, state):
 class _Bar:
     """A rich progress bar over steps with the LM headline metrics."""
 
-    SHOWN = {"eval/accuracy": "acc", "rollout/reward_mean": "reward", "train/loss": "loss", "time/step_sec": "s/step"}
+    SHOWN: ClassVar[dict[str, str]] = {"eval/accuracy": "acc", "rollout/reward_mean": "reward", "train/loss": "loss", "time/step_sec": "s/step"}
 
     def __init__(self, total: int, start: int, enabled: bool, console, label: str):
         self.progress = None
         self.fields: dict[str, str] = {}
         if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.progress = Progress(
                 TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -211,7 +229,6 @@ def run(cfg: Config, console=None) -> LMRunSummary:
         checkpointer.delete_after(resumed_from)
 
     step = trainer.progress(state)[0]
-    start_step = step
     train_sec, samples = 0.0, 0
     initial = last_eval = None
     label = "sft" if cfg.runner.task == "sft" else "rl"

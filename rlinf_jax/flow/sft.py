@@ -30,7 +30,13 @@ from rlinf_jax.flow.reasoning_eval import score_dataset
 from rlinf_jax.flow.reasoning_lora import LoRA
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
-from rlinf_jax.sharding import component_mesh, param_shardings, resolve_num_devices, resolve_placement, rules_from_config
+from rlinf_jax.sharding import (
+    component_mesh,
+    param_shardings,
+    resolve_num_devices,
+    resolve_placement,
+    rules_from_config,
+)
 from rlinf_jax.sharding.mesh import fetch, put, replicated
 
 SFT_COMPONENTS = ("actor",)
@@ -43,6 +49,11 @@ class LMTrainState:
     step: jax.Array
     # Consecutive steps skipped for a non-finite loss or gradient.
     bad_iterations: jax.Array
+
+
+def _labels(params: dict) -> dict:
+    """Each top-level part of the parameters (policy, lora, value) labelled by its name."""
+    return {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
 
 
 class SFTTrainer:
@@ -81,7 +92,7 @@ class SFTTrainer:
             o.lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, cfg.runner.max_steps
         )
         parts = {"policy": tx} if self.lora is None else {"policy": optax.set_to_zero(), "lora": tx}
-        self.tx = optax.multi_transform(parts, lambda p: {k: jax.tree.map(lambda _: k, v) for k, v in p.items()})
+        self.tx = optax.multi_transform(parts, _labels)
         self._merged_policy = jax.jit(self.policy_state)
         self.reward_fn = RewardFunction(reward_config(cfg))
         self.sampler = Sampler(loaded.model, pad_id=rm.pad_id(self.tokenizer), mesh=self.mesh, rules=self.rules)
