@@ -123,3 +123,20 @@ def test_bf16_compute_keeps_logits_fp32_and_close():
     a, b = np.asarray(forward(model32, ids)), np.asarray(forward(model16, ids))
     assert b.dtype == np.float32
     assert np.abs(a - b).max() <= 0.05 * np.abs(a).max()
+
+
+def test_inputs_embeds_and_explicit_mask_match_ids_and_causal_mask():
+    model = random_model(tiny_config())
+    ids = jnp.array([[3, 7, 1, 9, 4], [0, 0, 5, 2, 8]])
+    valid = jnp.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    ref = model.hidden_states(ids, valid)
+    embeds = model.embed(ids.reshape(-1)).reshape(2, 5, -1)
+    causal = jnp.tril(jnp.ones((5, 5), bool))[None].repeat(2, axis=0)
+    got = model.hidden_states(attention_mask=valid, inputs_embeds=embeds, mask=causal)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-6)
+    # A bidirectional mask lets the first token see the last: its state must change.
+    full = jnp.ones((2, 5, 5), bool)
+    bidir = model.hidden_states(ids, valid, mask=full)
+    assert float(jnp.abs(bidir[0, 0] - ref[0, 0]).max()) > 1e-4
+    with pytest.raises(ValueError, match="exactly one"):
+        model.hidden_states(ids, valid, inputs_embeds=embeds)

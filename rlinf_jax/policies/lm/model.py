@@ -74,15 +74,32 @@ class CausalLM(nnx.Module):
         """An empty static KV cache for ``batch`` rows of up to ``max_len`` tokens."""
         return KVCache.zeros(self.config, batch, max_len, dtype or self.dtype)
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, cache=None, cache_index=None):
+    def hidden_states(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        positions=None,
+        cache=None,
+        cache_index=None,
+        *,
+        inputs_embeds=None,
+        mask=None,
+    ):
         """Final-norm hidden states ``[B, T, embed]`` (and the new cache when ``cache`` is given).
 
         Without a cache, ``attention_mask`` is ``[B, T]`` (1 = real token). With a cache it
         covers every cache slot, ``[B, S]``, and the ``T`` new tokens go to slots
         ``cache_index .. cache_index + T - 1``. ``positions [B, T]`` default to the count of
         real tokens before each one.
+
+        Multimodal models pass ``inputs_embeds [B, T, embed]`` (e.g. projected image patches
+        followed by embedded text) instead of ``input_ids``, and a full ``mask [B, T, S]``
+        (query may see key) where the causal one does not fit: bidirectional prefixes or
+        action slots. ``attention_mask`` still decides positions and which keys are real.
         """
-        B, T = input_ids.shape
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        B, T = input_ids.shape if inputs_embeds is None else inputs_embeds.shape[:2]
         if cache is None:
             key_valid = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
             query_slots = jnp.arange(T)
@@ -102,9 +119,15 @@ class CausalLM(nnx.Module):
             rope = rope_tables(jnp.maximum(counts, 0), inv_freq, num_positions=key_valid.shape[1])
         else:
             rope = rope_tables(positions, inv_freq)
-        mask = attention_mask_3d(key_valid, query_slots)
+        if mask is None:
+            mask = attention_mask_3d(key_valid, query_slots)
+        else:
+            mask = mask.astype(bool) & key_valid[:, None, :]
 
-        h = self.embed(input_ids.reshape(B * T))
+        if inputs_embeds is None:
+            h = self.embed(input_ids.reshape(B * T))
+        else:
+            h = inputs_embeds.reshape(B * T, -1).astype(self.dtype)
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
