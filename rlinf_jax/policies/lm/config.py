@@ -1,10 +1,11 @@
-"""Architecture of a Llama / Qwen causal LM, read from (and written back to) a Hugging Face
-``config.json``.
+"""Architecture of a Llama / Qwen / Gemma causal LM, read from (and written back to) a Hugging
+Face ``config.json``.
 
-One dataclass covers the three families because they differ in a handful of switches
-(attention biases, per-head q/k norms, tied embeddings, RoPE scaling), not in structure.
-Fields the families default differently (``head_dim`` for Qwen3) follow transformers'
-own defaults, so a hand-written config means the same thing here as there.
+One dataclass covers the four families because they differ in a handful of switches
+(attention biases, per-head q/k norms, tied embeddings, RoPE scaling, and for Gemma a
+``1 + scale`` RMSNorm, embeddings scaled by ``sqrt(hidden_size)`` and a tanh-GELU MLP), not in
+structure. Fields the families default differently (``head_dim`` for Qwen3 and Gemma) follow
+transformers' own defaults, so a hand-written config means the same thing here as there.
 """
 
 from __future__ import annotations
@@ -17,9 +18,17 @@ import numpy as np
 
 from rlinf_jax.errors import BadInput
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+}
+# Gemma's activation names in config.json; all mean the tanh approximation (transformers maps
+# the legacy "gelu" onto it too, since that is what the original checkpoints were trained with).
+_GEMMA_ACTS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,12 @@ class LMConfig:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def is_gemma(self) -> bool:
+        """Gemma's three departures from Llama: RMSNorm by ``1 + scale``, token embeddings
+        times ``sqrt(hidden_size)``, ``gelu_tanh(gate) * up`` in the MLP."""
+        return self.model_type == "gemma"
+
+    @property
     def o_proj_bias(self) -> bool:
         # Qwen2 puts biases on q/k/v only; Llama's and Qwen3's `attention_bias` cover o_proj too.
         return self.attention_bias and self.model_type != "qwen2"
@@ -103,13 +118,20 @@ class LMConfig:
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if key not in hf:
                 raise BadInput(f"config.json lacks {key!r}, which a {model_type} model needs")
-        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise BadInput(f"config.json hidden_act={hf['hidden_act']!r} is not supported; only 'silu' is")
+        # transformers 4 Gemma configs name the activation `hidden_activation`.
+        act = hf.get("hidden_activation") or hf.get("hidden_act")
+        if model_type == "gemma":
+            if (act or "gelu_pytorch_tanh") not in _GEMMA_ACTS:
+                raise BadInput(
+                    f"config.json hidden_act={act!r} is not supported for gemma; use {_GEMMA_ACTS[0]!r}"
+                )
+        elif (act or "silu") not in ("silu", "swish"):
+            raise BadInput(f"config.json hidden_act={act!r} is not supported; only 'silu' is")
         if hf.get("use_sliding_window"):
             raise BadInput("config.json use_sliding_window=true is not supported; set it to false")
         num_heads = int(hf["num_attention_heads"])
         num_kv_heads = int(hf.get("num_key_value_heads") or num_heads)
-        default_head_dim = 128 if model_type == "qwen3" else int(hf["hidden_size"]) // num_heads
+        default_head_dim = {"qwen3": 128, "gemma": 256}.get(model_type, int(hf["hidden_size"]) // num_heads)
         head_dim = int(hf.get("head_dim") or default_head_dim)
         # Qwen2 always has q/k/v biases; its config has no switch for them.
         attention_bias = model_type == "qwen2" or bool(hf.get("attention_bias", False))
@@ -118,6 +140,7 @@ class LMConfig:
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
             "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
             "max_position_embeddings", "architectures", "dtype", "torch_dtype", "transformers_version",
+            "hidden_act", "hidden_activation",
         }
         extra = tuple(sorted((k, v) for k, v in hf.items() if k not in known))
         return cls(
@@ -131,7 +154,8 @@ class LMConfig:
             head_dim=head_dim,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope=_rope_from_hf(hf),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # GemmaConfig ties by default, the others do not.
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma")),
             attention_bias=attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
             qk_norm=model_type == "qwen3",
@@ -161,7 +185,7 @@ class LMConfig:
             num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads,
             head_dim=self.head_dim,
-            hidden_act="silu",
+            hidden_act="gelu_pytorch_tanh" if self.is_gemma else "silu",
             rms_norm_eps=self.rms_norm_eps,
             rope_parameters=rope,
             tie_word_embeddings=self.tie_word_embeddings,

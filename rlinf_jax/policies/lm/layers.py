@@ -39,31 +39,47 @@ class Dense(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    """``x / rms(x) * scale`` over the last axis, computed in float32 (Llama's form: the weight
-    multiplies directly, no ``1 + scale``)."""
+    """``x / rms(x) * scale`` over the last axis, computed in float32.
 
-    def __init__(self, size, *, eps, dtype, param_dtype, rngs):
+    Llama's form multiplies by the weight itself; Gemma's (``unit_offset=True``) by
+    ``1 + weight``, so its checkpoints store weights around 0 and an all-zero weight is the
+    identity (it is initialised that way here too).
+    """
+
+    def __init__(self, size, *, eps, dtype, param_dtype, rngs, unit_offset: bool = False):
         self.eps = eps
         self.dtype = dtype
-        self.scale = param(rngs, nnx.initializers.ones, (size,), param_dtype, ("norm",))
+        self.unit_offset = unit_offset
+        init = nnx.initializers.zeros if unit_offset else nnx.initializers.ones
+        self.scale = param(rngs, init, (size,), param_dtype, ("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+        scale = self.scale[...].astype(jnp.float32)
+        return (normed * (1.0 + scale if self.unit_offset else scale)).astype(self.dtype)
 
 
 class Embed(nnx.Module):
-    """Token embedding table ``[vocab, embed]``; also the output projection when tied."""
+    """Token embedding table ``[vocab, embed]``; also the output projection when tied.
 
-    def __init__(self, vocab_size, features, *, dtype, param_dtype, rngs):
+    ``scale`` multiplies looked-up embeddings (Gemma: ``sqrt(embed)``), rounded to the compute
+    dtype first as transformers does (``sqrt(2048)`` is 45.25 in bfloat16); the tied output
+    projection uses the table unscaled.
+    """
+
+    def __init__(self, vocab_size, features, *, dtype, param_dtype, rngs, scale: float | None = None):
         self.dtype = dtype
+        self.scale = scale
         self.embedding = param(
             rngs, nnx.initializers.normal(INIT_STD), (vocab_size, features), param_dtype, ("vocab", "embed")
         )
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+        out = jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+        if self.scale is not None:
+            out = out * jnp.asarray(self.scale, self.dtype)
+        return out
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Tied output logits ``x @ embedding.T`` in float32, ``x`` as ``[tokens, embed]``."""

@@ -1,5 +1,5 @@
-"""The causal LM: embeddings, pre-norm decoder blocks (attention + SwiGLU MLP), final norm,
-output head (own or tied to the embeddings).
+"""The causal LM: embeddings, pre-norm decoder blocks (attention + gated MLP: SwiGLU, or
+tanh-GELU for Gemma), final norm, output head (own or tied to the embeddings).
 
 Call it as ``model(input_ids, attention_mask)`` for logits ``[B, T, V]`` (float32 whatever the
 compute dtype, since log-probs for RL are taken from them). Positions follow the attention
@@ -21,25 +21,30 @@ from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
 
 
 class MLP(nnx.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """Gated MLP ``down(act(gate(x)) * up(x))``: SiLU (SwiGLU), or for Gemma the tanh
+    approximation of GELU (GeGLU)."""
 
     def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
         kw = {"use_bias": config.mlp_bias, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         d, f = config.hidden_size, config.intermediate_size
+        self.gelu = config.is_gemma
         self.gate_proj = Dense(d, f, ("embed", "mlp"), **kw)
         self.up_proj = Dense(d, f, ("embed", "mlp"), **kw)
         self.down_proj = Dense(f, d, ("mlp", "embed"), **kw)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class Block(nnx.Module):
     def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.attn_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
+        norm = {"eps": config.rms_norm_eps, "unit_offset": config.is_gemma, **kw}
+        self.attn_norm = RMSNorm(config.hidden_size, **norm)
         self.attn = Attention(config, **kw)
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
+        self.mlp_norm = RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config, **kw)
 
     def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None):
@@ -50,22 +55,29 @@ class Block(nnx.Module):
 
 
 class CausalLM(nnx.Module):
-    """Llama 2/3, Qwen2/2.5 and Qwen3 decoder-only LM.
+    """Llama 2/3, Qwen2/2.5, Qwen3 and Gemma decoder-only LM.
 
     ``dtype`` is the compute dtype, ``param_dtype`` (default: ``dtype``) the storage dtype.
     Norms, RoPE, attention scores, softmax and logits run in float32 either way.
+
+    ``token_embeddings=False`` builds the decoder stack alone (no embedding table, no output
+    head): a backbone that is only ever fed ``inputs_embeds``, such as pi0's action expert,
+    need not carry a vocabulary-sized table it never reads.
     """
 
-    def __init__(self, config: LMConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs):
+    def __init__(
+        self, config: LMConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs, token_embeddings: bool = True
+    ):
         param_dtype = param_dtype or dtype
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.embed = Embed(config.vocab_size, config.hidden_size, **kw)
+        scale = config.hidden_size**0.5 if config.is_gemma else None
+        self.embed = Embed(config.vocab_size, config.hidden_size, scale=scale, **kw) if token_embeddings else None
         self.layers = nnx.List([Block(config, **kw) for _ in range(config.num_layers)])
-        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **kw)
-        if config.tie_word_embeddings:
+        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
+        if config.tie_word_embeddings or not token_embeddings:
             self.lm_head = None
         else:
             self.lm_head = Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, **kw)
@@ -125,6 +137,8 @@ class CausalLM(nnx.Module):
             mask = mask.astype(bool) & key_valid[:, None, :]
 
         if inputs_embeds is None:
+            # Gemma's sqrt(hidden) scaling lives in the embedding lookup, as in transformers:
+            # inputs_embeds (image features, action tokens) go in unscaled.
             h = self.embed(input_ids.reshape(B * T))
         else:
             h = inputs_embeds.reshape(B * T, -1).astype(self.dtype)
@@ -144,6 +158,8 @@ class CausalLM(nnx.Module):
         """Float32 logits ``[..., vocab]`` from hidden states ``[..., embed]``."""
         lead = hidden.shape[:-1]
         h = hidden.reshape(-1, hidden.shape[-1])
+        if self.embed is None:
+            raise ValueError("this model was built with token_embeddings=False: it has no output head")
         if self.lm_head is None:
             out = self.embed.attend(h)
         else:
