@@ -464,11 +464,35 @@ class Launcher:
             for i, code in enumerate(polled):
                 if code is not None and codes[i] is None:
                     codes[i] = code
-                    if code != EXIT_OK:
-                        return self.failed(actors, i, code)
+            if any(c not in (None, EXIT_OK) for c in codes):
+                return self.failed(actors, *self.root_cause(actors, codes))
             if all(c == EXIT_OK for c in codes):
                 return Outcome(EXIT_OK)
             time.sleep(0.2)
+
+    def root_cause(self, actors, codes: list[int | None], grace_s: float = 5.0) -> tuple[int, int]:
+        """The failure to report: when one process dies the others fail soon after on
+        their broken collectives (JAX aborts a process whose peer vanished), so the first
+        exit seen may be a consequence. Wait a moment for the rest, then pick by rank: a
+        deliberate exit (bad input, divergence, interrupt), then a process killed from
+        outside (SIGKILL, SIGTERM, SIGINT, SIGHUP; an abort is what a survivor does), then
+        the first failure seen."""
+        deadline = time.monotonic() + grace_s
+        first = next(i for i, c in enumerate(codes) if c not in (None, EXIT_OK))
+        while time.monotonic() < deadline and any(c is None for c in codes):
+            try:
+                polled = self.ray.get([a.poll.remote() for a in actors], timeout=30)
+            except self.ray.exceptions.RayError:
+                break
+            for i, code in enumerate(polled):
+                if code is not None and codes[i] is None:
+                    codes[i] = code
+            time.sleep(0.2)
+        external = tuple(-int(sig) for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+        deliberate = [i for i, c in enumerate(codes) if c in FINAL_EXITS]
+        killed = [i for i, c in enumerate(codes) if c in external]
+        process = (deliberate or killed or [first])[0]
+        return process, codes[process]
 
     def forward(self, primary) -> None:
         """Process 0's output, as it comes (the others' stays in their tails)."""
