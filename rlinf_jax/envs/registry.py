@@ -6,6 +6,13 @@
 ``episode_length`` counts steps of the base env, as in Brax and Playground: with
 ``action_repeat=k`` the agent sees ``ceil(episode_length / k)`` steps per episode, and
 ``info["steps"]`` / ``info["episode_length"]`` count those agent steps.
+
+The ``tabletop`` suite (the VLA benchmark, `envs.tabletop`) is batched itself and ends its
+episodes at ``episode_length`` control sub-steps inside its chunked step, so its stack is
+    TabletopEnv -> EpisodeStats -> AutoReset
+with ``env.name`` naming the split (train | vision | semantic | execution). Its
+``chunk_length``, ``image_size`` and ``group_size`` are read from the env config where the
+schema has them (defaults 1, 32, 1).
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from rlinf_jax.envs.playground_env import PLAYGROUND_BACKENDS, PlaygroundEnv, pl
 from rlinf_jax.envs.wrappers import ActionRepeat, AutoReset, EpisodeStats, TimeLimit, VmapEnv
 from rlinf_jax.errors import BadInput
 
-BACKENDS = {"brax": BRAX_BACKENDS, "playground": PLAYGROUND_BACKENDS}
+TABLETOP_BACKENDS = ("mjx",)
+BACKENDS = {"brax": BRAX_BACKENDS, "playground": PLAYGROUND_BACKENDS, "tabletop": TABLETOP_BACKENDS}
 
 
 def _brax_env_names() -> list[str]:
@@ -33,7 +41,9 @@ def _brax_env_names() -> list[str]:
 
 def list_envs() -> dict[str, list[str]]:
     """Suite -> sorted env names."""
-    return {"brax": _brax_env_names(), "playground": playground_env_names()}
+    from rlinf_jax.envs.tabletop.episodes import SPLITS
+
+    return {"brax": _brax_env_names(), "playground": playground_env_names(), "tabletop": list(SPLITS)}
 
 
 def _check_positive(value, what: str) -> int:
@@ -56,6 +66,8 @@ def _validate(cfg: EnvConfig) -> None:
         )
     for field in ("num_envs", "episode_length", "action_repeat", "num_eval_envs"):
         _check_positive(getattr(cfg, field), field)
+    if cfg.suite == "tabletop" and cfg.action_repeat != 1:
+        raise BadInput("env.action_repeat must be 1 for tabletop; it executes action chunks (chunk_length)")
     if cfg.reset_mode not in AutoReset.MODES:
         raise BadInput(f"unknown env.reset_mode {cfg.reset_mode!r}; choose one of {', '.join(AutoReset.MODES)}")
 
@@ -66,7 +78,25 @@ def _make_base(cfg: EnvConfig) -> Env:
     return PlaygroundEnv(cfg.name, backend=cfg.backend)
 
 
+def _make_tabletop(cfg: EnvConfig, num_envs: int, grouped: bool) -> Env:
+    from rlinf_jax.envs.tabletop import TabletopEnv
+
+    # Groups of envs sharing a reset are a training device (GRPO); evaluation envs each
+    # run their own episode.
+    return TabletopEnv(
+        split=cfg.name,
+        num_envs=num_envs,
+        max_steps=cfg.episode_length,
+        chunk_length=getattr(cfg, "chunk_length", 1),
+        image_size=getattr(cfg, "image_size", 32),
+        group_size=getattr(cfg, "group_size", 1) if grouped else 1,
+    )
+
+
 def _make_stack(cfg: EnvConfig, num_envs: int, auto_reset: bool) -> Env:
+    if cfg.suite == "tabletop":
+        env = EpisodeStats(_make_tabletop(cfg, num_envs, grouped=auto_reset))
+        return AutoReset(env, cfg.reset_mode) if auto_reset else env
     env = _make_base(cfg)
     if cfg.action_repeat > 1:
         env = ActionRepeat(env, cfg.action_repeat)
