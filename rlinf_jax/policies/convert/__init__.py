@@ -41,6 +41,9 @@ REGISTRY: dict[str, Entry] = {
     "dinov2_with_registers": _VISION,
     "dinov2": _VISION,
     "openvla": Entry("rlinf_jax.policies.convert.openvla"),
+    "gemma": Entry("rlinf_jax.policies.convert.gemma"),
+    "paligemma": Entry("rlinf_jax.policies.convert.pi0", "convert_paligemma", "load_paligemma"),
+    "pi0": Entry("rlinf_jax.policies.convert.pi0"),
 }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.converted import convert as convert_lm
+from rlinf_jax.policies.lm.converted import load_converted as load
 from rlinf_jax.policies.lm.hf_checkpoint import read_hf_config
 
 
@@ -22,5 +23,10 @@ def convert(src, out_dir, dtype: str = "auto") -> Path:
     read it back with ``rlinf_jax.policies.lm.load_converted``."""
     model_type = read_hf_config(src).get("model_type")
     if model_type != "gemma":
-        raise BadInput(f"{src} holds a {model_type!r} model, not 'gemma'; pick the converter for {model_type!r}")
+        raise BadInput(
+            f"{src} holds a {model_type!r} model, not 'gemma'; pick the converter for {model_type!r}"
+        )
     return convert_lm(src, out_dir, dtype)
+
+
+__all__ = ["convert", "load"]
