@@ -58,9 +58,7 @@ def randomise(model, seed, scale=0.3):
     with torch.no_grad():
         for name, p in model.state_dict().items():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale
-            is_norm = ("norm" in name or "layernorm" in name) and name.endswith(
-                "weight"
-            )
+            is_norm = ("norm" in name or "layernorm" in name) and name.endswith("weight")
             p.copy_(noise + (1.0 if is_norm else 0.0))
     return model.eval()
 
@@ -81,11 +79,7 @@ def pair(request, tmp_path_factory):
 
 
 def pixels(image, batch=2, seed=0):
-    return (
-        np.random.default_rng(seed)
-        .normal(size=(batch, 3, image, image))
-        .astype(np.float32)
-    )
+    return np.random.default_rng(seed).normal(size=(batch, 3, image, image)).astype(np.float32)
 
 
 def test_every_parameter_is_random(pair):
@@ -104,34 +98,22 @@ def test_patch_embeddings_blocks_and_outputs_match(pair):
     ours_in = jnp.asarray(x.transpose(0, 2, 3, 1))
     with torch.no_grad():
         ref = hf(pixel_values=torch.tensor(x), output_hidden_states=True)
-        conv = (
-            hf.embeddings.patch_embedding
-            if kind == "siglip"
-            else hf.embeddings.patch_embeddings.projection
-        )
+        conv = hf.embeddings.patch_embedding if kind == "siglip" else hf.embeddings.patch_embeddings.projection
         ref_patches = conv(torch.tensor(x)).flatten(2).transpose(1, 2).numpy()
-    errs = {
-        "patches": np.abs(np.asarray(model.patch_embed(ours_in)) - ref_patches).max()
-    }
+    errs = {"patches": np.abs(np.asarray(model.patch_embed(ours_in)) - ref_patches).max()}
     ours_hidden = model.hidden_states(ours_in)
     assert len(ours_hidden) == len(ref.hidden_states) == 4
     for i, (a, b) in enumerate(zip(ours_hidden, ref.hidden_states)):
         errs[f"hidden{i}"] = np.abs(np.asarray(a) - b.numpy()).max()
-    errs["last"] = np.abs(
-        np.asarray(model(ours_in)) - ref.last_hidden_state.numpy()
-    ).max()
+    errs["last"] = np.abs(np.asarray(model(ours_in)) - ref.last_hidden_state.numpy()).max()
     if kind == "siglip":
-        errs["pooled"] = np.abs(
-            np.asarray(model.pooled(ours_in)) - ref.pooler_output.numpy()
-        ).max()
+        errs["pooled"] = np.abs(np.asarray(model.pooled(ours_in)) - ref.pooler_output.numpy()).max()
     assert max(errs.values()) <= TOL, errs
     # Patch features of the second-to-last block drop CLS and registers and skip the last block.
     prefix = 4 if kind == "dinov2_reg" else 0
     feats = np.asarray(model.patch_features(ours_in))
     assert feats.shape == (2, (image // 14) ** 2, 48)
-    np.testing.assert_allclose(
-        feats, ref.hidden_states[2][:, prefix:].numpy(), atol=TOL
-    )
+    np.testing.assert_allclose(feats, ref.hidden_states[2][:, prefix:].numpy(), atol=TOL)
 
 
 def test_converted_directory_round_trip(pair, tmp_path):
@@ -142,10 +124,7 @@ def test_converted_directory_round_trip(pair, tmp_path):
     x = pixels(image, seed=1)
     with torch.no_grad():
         ref = hf(pixel_values=torch.tensor(x)).last_hidden_state.numpy()
-    assert (
-        np.abs(np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1)))) - ref).max()
-        <= TOL
-    )
+    assert np.abs(np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1)))) - ref).max() <= TOL
 
 
 def test_leftover_and_missing_keys_are_named(tmp_path):

@@ -47,9 +47,7 @@ REGISTRY: dict[str, Entry] = {
 }
 
 
-def register(
-    model_type: str, module: str, convert: str = "convert", load: str = "load"
-) -> None:
+def register(model_type: str, module: str, convert: str = "convert", load: str = "load") -> None:
     """Add (or replace) the converter of ``model_type``."""
     REGISTRY[model_type] = Entry(module, convert, load)
 

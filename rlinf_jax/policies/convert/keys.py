@@ -36,19 +36,14 @@ _FIELDS = {"layer": r"\d+", "proj": r"[a-z]+"}
 
 def _regex(template: str) -> re.Pattern:
     parts = re.split(r"\{(\w+)\}", template)
-    pattern = "".join(
-        re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_FIELDS[p]})"
-        for i, p in enumerate(parts)
-    )
+    pattern = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_FIELDS[p]})" for i, p in enumerate(parts))
     return re.compile(pattern + r"\Z")
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     src: str  # source-key template
-    ours: (
-        str | tuple[str, ...]
-    )  # parameter path template(s); several = split the source
+    ours: str | tuple[str, ...]  # parameter path template(s); several = split the source
     transform: str = ""
 
     def match(self, key: str) -> tuple[str, ...] | None:
@@ -70,24 +65,16 @@ class Skip:
         return re.fullmatch(self.pattern, key) is not None
 
 
-def prefixed(
-    prefix: str, rows: Iterable[Row], ours_prefix: str = ""
-) -> tuple[Row, ...]:
+def prefixed(prefix: str, rows: Iterable[Row], ours_prefix: str = "") -> tuple[Row, ...]:
     """The same rows with ``prefix`` before each source key and ``ours_prefix`` before each path."""
     out = []
     for r in rows:
-        ours = (
-            ours_prefix + r.ours
-            if isinstance(r.ours, str)
-            else tuple(ours_prefix + o for o in r.ours)
-        )
+        ours = ours_prefix + r.ours if isinstance(r.ours, str) else tuple(ours_prefix + o for o in r.ours)
         out.append(Row(prefix + r.src, ours, r.transform))
     return tuple(out)
 
 
-def apply(
-    transform: str, array: np.ndarray, target_shape: tuple[int, ...]
-) -> np.ndarray:
+def apply(transform: str, array: np.ndarray, target_shape: tuple[int, ...]) -> np.ndarray:
     if transform == "":
         return array
     if transform == "T":
@@ -139,13 +126,9 @@ def read_checkpoint(
                     continue
                 row, paths = found
                 array = f.get_tensor(key)
-                parts = (
-                    np.split(array, len(paths), axis=0) if len(paths) > 1 else [array]
-                )
+                parts = np.split(array, len(paths), axis=0) if len(paths) > 1 else [array]
                 if len(paths) > 1 and array.shape[0] % len(paths):
-                    raise BadInput(
-                        f"checkpoint tensor {key!r} {array.shape} does not split into {len(paths)} parts"
-                    )
+                    raise BadInput(f"checkpoint tensor {key!r} {array.shape} does not split into {len(paths)} parts")
                 for path, part in zip(paths, parts):
                     want = tuple(targets[path].shape)
                     out = apply(row.transform, part, want)
@@ -155,12 +138,8 @@ def read_checkpoint(
                             f"{path} {want} of the {what} the config describes"
                         )
                     if path in values:
-                        raise BadInput(
-                            f"checkpoint tensors {source_of[path]!r} and {key!r} both fill {path}"
-                        )
-                    values[path] = np.ascontiguousarray(
-                        out if dtype is None else out.astype(dtype)
-                    )
+                        raise BadInput(f"checkpoint tensors {source_of[path]!r} and {key!r} both fill {path}")
+                    values[path] = np.ascontiguousarray(out if dtype is None else out.astype(dtype))
                     source_of[path] = key
     if leftover:
         raise BadInput(
@@ -170,7 +149,6 @@ def read_checkpoint(
     missing = [p for p in targets if p not in values]
     if missing:
         raise BadInput(
-            f"checkpoint lacks {len(missing)} tensor(s) the {what} needs, e.g. parameters "
-            f"{', '.join(missing[:4])}"
+            f"checkpoint lacks {len(missing)} tensor(s) the {what} needs, e.g. parameters {', '.join(missing[:4])}"
         )
     return values

@@ -67,10 +67,7 @@ PROJECTOR_ROWS = tuple(
     for i in (1, 2, 3)
     for kind in ("weight", "bias")
 )  # fmt: skip
-LM_ROWS = tuple(
-    Row("language_model." + r.hf, "llm." + r.ours, r.transform)
-    for r in lm_keymap.KEY_MAP
-)
+LM_ROWS = tuple(Row("language_model." + r.hf, "llm." + r.ours, r.transform) for r in lm_keymap.KEY_MAP)
 
 
 def key_map(config: OpenVLAConfig) -> tuple[tuple[Row, ...], tuple[Skip, ...]]:
@@ -120,11 +117,7 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> OpenVLA:
     config = OpenVLAConfig.from_hf_config(hf)
     param_dtype = param_dtype or dtype
     graphdef, abstract_state = nnx.split(
-        nnx.eval_shape(
-            lambda: OpenVLA(
-                config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)
-            )
-        )
+        nnx.eval_shape(lambda: OpenVLA(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
     )
     targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
     rows, skips = key_map(config)
@@ -136,9 +129,7 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> OpenVLA:
         "OpenVLA model",
         dtype=param_dtype,
     )
-    return fill_model(
-        graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()}
-    )
+    return fill_model(graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()})
 
 
 def convert(src, out_dir, dtype="auto") -> Path:

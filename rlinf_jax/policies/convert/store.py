@@ -45,9 +45,7 @@ def check_empty(out_dir) -> Path:
     return out
 
 
-def save_converted(
-    model: nnx.Module, src, out_dir, hf_config: dict | None = None
-) -> Path:
+def save_converted(model: nnx.Module, src, out_dir, hf_config: dict | None = None) -> Path:
     """Write ``model``'s parameters and ``src``'s config.json (or ``hf_config``) to ``out_dir``."""
     out = check_empty(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,52 +56,34 @@ def save_converted(
     if hf_config is None:
         shutil.copyfile(Path(src) / "config.json", out / "config.json")
     else:
-        (out / "config.json").write_text(
-            json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-        )
+        (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     for name in SIDE_FILES:
         if (Path(src) / name).is_file():
             shutil.copyfile(Path(src) / name, out / name)
     return out
 
 
-def load_converted(
-    path, build: Callable[[dict, jnp.dtype, jnp.dtype], nnx.Module], dtype=None
-) -> nnx.Module:
+def load_converted(path, build: Callable[[dict, jnp.dtype, jnp.dtype], nnx.Module], dtype=None) -> nnx.Module:
     """The model ``build(hf_config, compute_dtype, param_dtype)`` describes, with the stored
     parameters; ``dtype`` (compute) defaults to the stored one."""
     d = Path(path)
     hf = read_hf_config(d)
     if not (d / PARAMS_DIR).is_dir():
-        raise BadInput(
-            f"{d} has no {PARAMS_DIR}/ directory; create it with python -m rlinf_jax.convert"
-        )
+        raise BadInput(f"{d} has no {PARAMS_DIR}/ directory; create it with python -m rlinf_jax.convert")
     with ocp.StandardCheckpointer() as ckptr:
         stored = ckptr.metadata((d / PARAMS_DIR).absolute()).item_metadata
-        dtypes = {
-            jnp.dtype(leaf.dtype)
-            for leaf in jax.tree.leaves(stored)
-            if hasattr(leaf, "dtype")
-        }
+        dtypes = {jnp.dtype(leaf.dtype) for leaf in jax.tree.leaves(stored) if hasattr(leaf, "dtype")}
         if len(dtypes) != 1:
-            raise BadInput(
-                f"converted parameters mix dtypes {sorted(map(str, dtypes))}; expected one"
-            )
+            raise BadInput(f"converted parameters mix dtypes {sorted(map(str, dtypes))}; expected one")
         param_dtype = dtypes.pop()
         compute = parse_dtype(dtype) if dtype is not None else param_dtype
-        graphdef, abstract_state = nnx.split(
-            nnx.eval_shape(lambda: build(hf, compute, param_dtype))
-        )
+        graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: build(hf, compute, param_dtype)))
         target = nnx.to_pure_dict(abstract_state)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
-        )
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
         try:
             restored = ckptr.restore((d / PARAMS_DIR).absolute(), target)
         except (ValueError, KeyError) as e:
-            raise BadInput(
-                f"{d / PARAMS_DIR} does not match config.json ({str(e).splitlines()[0]})"
-            ) from None
+            raise BadInput(f"{d / PARAMS_DIR} does not match config.json ({str(e).splitlines()[0]})") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)

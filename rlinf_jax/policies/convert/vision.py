@@ -111,9 +111,7 @@ DINOV2_ROWS = (
         for name, ours in (("query", "q"), ("key", "k"), ("value", "v"))
         for kind in ("weight", "bias")
     ),
-    Row(
-        f"{_L}.attention.output.dense.weight", "blocks.{layer}.attn.o_proj.kernel", "T"
-    ),
+    Row(f"{_L}.attention.output.dense.weight", "blocks.{layer}.attn.o_proj.kernel", "T"),
     Row(f"{_L}.attention.output.dense.bias", "blocks.{layer}.attn.o_proj.bias"),
     Row(
         f"{_L}.attention.{{proj}}_proj.weight",
@@ -129,9 +127,7 @@ DINOV2_ROWS = (
     Row("layernorm.weight", "final_norm.scale"),
     Row("layernorm.bias", "final_norm.bias"),
 )
-DINOV2_SKIPS = (
-    Skip(r"embeddings\.mask_token", "used only by masked-image pretraining"),
-)
+DINOV2_SKIPS = (Skip(r"embeddings\.mask_token", "used only by masked-image pretraining"),)
 
 
 def key_map(config: ViTConfig) -> tuple[tuple[Row, ...], tuple[Skip, ...]]:
@@ -156,9 +152,7 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> ViT:
     config = ViTConfig.from_hf_config(hf)
     param_dtype = param_dtype or dtype
     graphdef, abstract_state = nnx.split(
-        nnx.eval_shape(
-            lambda: ViT(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
-        )
+        nnx.eval_shape(lambda: ViT(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
     )
     targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
     rows, skips = key_map(config)
@@ -170,9 +164,7 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> ViT:
         f"{config.model_type} vision model",
         dtype=param_dtype,
     )
-    return fill_model(
-        graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()}
-    )
+    return fill_model(graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()})
 
 
 def convert(src, out_dir, dtype="auto") -> Path:

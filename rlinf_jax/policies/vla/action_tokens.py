@@ -42,9 +42,7 @@ class ActionTokenizer:
 
     def __post_init__(self):
         if self.n_bins < 2 or self.vocab_end < self.n_bins:
-            raise BadInput(
-                f"n_bins={self.n_bins} action ids do not fit below vocab_end={self.vocab_end}"
-            )
+            raise BadInput(f"n_bins={self.n_bins} action ids do not fit below vocab_end={self.vocab_end}")
 
     @property
     def first_id(self) -> int:
@@ -89,24 +87,16 @@ class ActionTokenizer:
         return logits[..., self.first_id : self.vocab_end]
 
 
-def token_logprobs(
-    tokenizer: ActionTokenizer, logits: jax.Array, ids: jax.Array, temperature=1.0
-) -> jax.Array:
+def token_logprobs(tokenizer: ActionTokenizer, logits: jax.Array, ids: jax.Array, temperature=1.0) -> jax.Array:
     """log p(id) under ``softmax(restricted logits / temperature)``; logits ``[..., V]``,
     ids ``[...]`` action ids -> ``[...]`` float32."""
-    lp = jax.nn.log_softmax(
-        tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1
-    )
+    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1)
     return jnp.take_along_axis(lp, tokenizer.bin_index(ids)[..., None], axis=-1)[..., 0]
 
 
-def token_entropy(
-    tokenizer: ActionTokenizer, logits: jax.Array, temperature=1.0
-) -> jax.Array:
+def token_entropy(tokenizer: ActionTokenizer, logits: jax.Array, temperature=1.0) -> jax.Array:
     """Entropy of the restricted distribution at each position, ``[...]``."""
-    lp = jax.nn.log_softmax(
-        tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1
-    )
+    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1)
     return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
 
 
@@ -114,24 +104,18 @@ def reduce_logprobs(token_lp: jax.Array, action_dim: int, level: str) -> jax.Arr
     """Token log-probs ``[B, A]`` at ``level``: ``token`` ``[B, A]``, ``action`` ``[B, A //
     action_dim]`` (each step's dimensions summed), ``chunk`` ``[B]``."""
     if level not in LEVELS:
-        raise BadInput(
-            f"log-prob level {level!r} is unknown; choose one of {', '.join(LEVELS)}"
-        )
+        raise BadInput(f"log-prob level {level!r} is unknown; choose one of {', '.join(LEVELS)}")
     if level == "token":
         return token_lp
     if level == "chunk":
         return jnp.sum(token_lp, axis=-1)
     B, A = token_lp.shape
     if A % action_dim:
-        raise BadInput(
-            f"{A} action tokens are not a whole number of {action_dim}-dimensional actions"
-        )
+        raise BadInput(f"{A} action tokens are not a whole number of {action_dim}-dimensional actions")
     return jnp.sum(token_lp.reshape(B, A // action_dim, action_dim), axis=-1)
 
 
-def choose(
-    tokenizer: ActionTokenizer, logits: jax.Array, key, temperature
-) -> tuple[jax.Array, jax.Array]:
+def choose(tokenizer: ActionTokenizer, logits: jax.Array, key, temperature) -> tuple[jax.Array, jax.Array]:
     """Pick one action id per row from ``logits [B, V]``: greedy when ``temperature <= 0``,
     else sampled from ``softmax(restricted / temperature)``. Returns ``(ids [B], log-probs
     [B])``, the log-probs under the temperature-scaled distribution (temperature 1 for
@@ -142,9 +126,7 @@ def choose(
     lp = jax.nn.log_softmax(restricted / t, axis=-1)
     sampled = jax.random.categorical(key, lp, axis=-1)
     index = jnp.where(greedy, jnp.argmax(restricted, axis=-1), sampled)
-    return (index + tokenizer.first_id).astype(jnp.int32), jnp.take_along_axis(
-        lp, index[:, None], -1
-    )[:, 0]
+    return (index + tokenizer.first_id).astype(jnp.int32), jnp.take_along_axis(lp, index[:, None], -1)[:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,23 +138,15 @@ class ActionStats:
     mask: np.ndarray  # True: un-normalise this dimension
 
     @classmethod
-    def from_norm_stats(
-        cls, norm_stats: Mapping, dataset: str | None = None
-    ) -> ActionStats:
+    def from_norm_stats(cls, norm_stats: Mapping, dataset: str | None = None) -> ActionStats:
         if not norm_stats:
-            raise BadInput(
-                "the checkpoint has no norm_stats; pass action statistics to un-normalise actions"
-            )
+            raise BadInput("the checkpoint has no norm_stats; pass action statistics to un-normalise actions")
         if dataset is None:
             if len(norm_stats) != 1:
-                raise BadInput(
-                    f"norm_stats cover several datasets ({', '.join(norm_stats)}); name one (unnorm_key)"
-                )
+                raise BadInput(f"norm_stats cover several datasets ({', '.join(norm_stats)}); name one (unnorm_key)")
             dataset = next(iter(norm_stats))
         if dataset not in norm_stats:
-            raise BadInput(
-                f"dataset {dataset!r} has no norm_stats; available: {', '.join(norm_stats)}"
-            )
+            raise BadInput(f"dataset {dataset!r} has no norm_stats; available: {', '.join(norm_stats)}")
         stats = norm_stats[dataset].get("action", norm_stats[dataset])
         q01, q99 = (
             np.asarray(stats["q01"], np.float32),
@@ -180,9 +154,7 @@ class ActionStats:
         )
         mask = np.asarray(stats.get("mask", np.ones_like(q01, bool)), bool)
         if not q01.shape == q99.shape == mask.shape:
-            raise BadInput(
-                f"norm_stats of {dataset!r}: q01, q99 and mask differ in length"
-            )
+            raise BadInput(f"norm_stats of {dataset!r}: q01, q99 and mask differ in length")
         return cls(q01, q99, mask)
 
     @property

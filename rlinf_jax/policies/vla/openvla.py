@@ -61,30 +61,22 @@ TIMM_MODELS: Mapping[str, dict] = {
 _ACT = {None: False, "gelu": False, "gelu_tanh": True, "gelu_pytorch_tanh": True}
 
 
-def timm_vit_config(
-    spec: Mapping, image_size: int, act_layer: str | None = None
-) -> tuple[ViTConfig, int]:
+def timm_vit_config(spec: Mapping, image_size: int, act_layer: str | None = None) -> tuple[ViTConfig, int]:
     """(the ViT config of a featurizer, the timm model's full depth) for a timm ``spec``
     (``TIMM_MODELS`` fields). The config keeps the blocks up to the second-to-last one."""
     act = act_layer if act_layer is not None else spec.get("act_layer")
     if act not in _ACT:
-        raise BadInput(
-            f"vision act_layer {act!r} is not supported; use one of {', '.join(str(a) for a in _ACT)}"
-        )
+        raise BadInput(f"vision act_layer {act!r} is not supported; use one of {', '.join(str(a) for a in _ACT)}")
     class_token, regs = (
         bool(spec.get("class_token", True)),
         int(spec.get("reg_tokens", 0)),
     )
     no_embed_class = bool(spec.get("no_embed_class", False))
     if regs and not no_embed_class:
-        raise BadInput(
-            "timm ViTs with register tokens and no_embed_class=false are not supported"
-        )
+        raise BadInput("timm ViTs with register tokens and no_embed_class=false are not supported")
     depth, dim = int(spec["depth"]), int(spec["embed_dim"])
     if depth < 2:
-        raise BadInput(
-            f"a featurizer needs at least 2 blocks (OpenVLA reads the second-to-last); got depth={depth}"
-        )
+        raise BadInput(f"a featurizer needs at least 2 blocks (OpenVLA reads the second-to-last); got depth={depth}")
     config = ViTConfig(
         model_type="timm_vit",
         hidden_size=dim,
@@ -110,25 +102,17 @@ def timm_vit_config(
 @dataclasses.dataclass(frozen=True)
 class OpenVLAConfig:
     vision: tuple[ViTConfig, ...]  # featurizers, each built up to its feature block
-    vision_depths: tuple[
-        int, ...
-    ]  # the timm models' full depths (the checkpoint's blocks)
+    vision_depths: tuple[int, ...]  # the timm models' full depths (the checkpoint's blocks)
     text: LMConfig
     n_action_bins: int = 256
     action_vocab_end: int = 32000  # the tokenizer's vocabulary size
-    norm_stats_json: str = (
-        "{}"  # per-dataset action statistics, as the checkpoint holds them
-    )
+    norm_stats_json: str = "{}"  # per-dataset action statistics, as the checkpoint holds them
 
     def __post_init__(self):
         if not 1 <= len(self.vision) <= 2:
-            raise BadInput(
-                f"OpenVLA takes one or two vision towers; got {len(self.vision)}"
-            )
+            raise BadInput(f"OpenVLA takes one or two vision towers; got {len(self.vision)}")
         if len({(c.image_size, c.num_patches) for c in self.vision}) != 1:
-            raise BadInput(
-                "the fused vision towers must share the image size and patch grid"
-            )
+            raise BadInput("the fused vision towers must share the image size and patch grid")
         if self.action_vocab_end > self.text.vocab_size:
             raise BadInput(
                 f"action ids end at {self.action_vocab_end}, past the LM vocabulary of {self.text.vocab_size}"
@@ -169,20 +153,14 @@ class OpenVLAConfig:
         other timm ViTs in a ``timm_model_configs`` dict (id -> ``TIMM_MODELS``-style fields).
         """
         if hf.get("model_type") not in ("openvla", "prismatic"):
-            raise BadInput(
-                f"config.json model_type={hf.get('model_type')!r} is not an OpenVLA / Prismatic model"
-            )
+            raise BadInput(f"config.json model_type={hf.get('model_type')!r} is not an OpenVLA / Prismatic model")
         for key in ("text_config", "timm_model_ids", "image_sizes"):
             if key not in hf:
-                raise BadInput(
-                    f"config.json lacks {key!r}, which an OpenVLA model needs"
-                )
+                raise BadInput(f"config.json lacks {key!r}, which an OpenVLA model needs")
         ids = list(hf["timm_model_ids"])
         fused = bool(hf.get("use_fused_vision_backbone", len(ids) == 2))
         if fused != (len(ids) == 2):
-            raise BadInput(
-                f"use_fused_vision_backbone={fused} but timm_model_ids names {len(ids)} model(s)"
-            )
+            raise BadInput(f"use_fused_vision_backbone={fused} but timm_model_ids names {len(ids)} model(s)")
         sizes, acts = (
             list(hf["image_sizes"]),
             list(hf.get("timm_override_act_layers") or [None] * len(ids)),
@@ -190,19 +168,13 @@ class OpenVLAConfig:
         extra = hf.get("timm_model_configs") or {}
         vision, depths = [], []
         for i, name in enumerate(ids):
-            spec = (
-                extra.get(name)
-                or TIMM_MODELS.get(name)
-                or TIMM_MODELS.get(name.split(".")[0])
-            )
+            spec = extra.get(name) or TIMM_MODELS.get(name) or TIMM_MODELS.get(name.split(".")[0])
             if spec is None:
                 raise BadInput(
                     f"timm model {name!r} is unknown; known: {', '.join(TIMM_MODELS)} "
                     "(or describe it in config.json timm_model_configs)"
                 )
-            config, depth = timm_vit_config(
-                spec, sizes[i], acts[i] if i < len(acts) else None
-            )
+            config, depth = timm_vit_config(spec, sizes[i], acts[i] if i < len(acts) else None)
             vision.append(config)
             depths.append(depth)
         text = LMConfig.from_hf_config(hf["text_config"])
@@ -222,9 +194,7 @@ class Projector(nnx.Module):
     """Prismatic's MLP projector: fused towers ``fc1 (4x) -> GELU -> fc2 -> GELU -> fc3``,
     a single tower ``fc1 -> GELU -> fc2`` (exact GELU)."""
 
-    def __init__(
-        self, vision_dim: int, llm_dim: int, fused: bool, *, dtype, param_dtype, rngs
-    ):
+    def __init__(self, vision_dim: int, llm_dim: int, fused: bool, *, dtype, param_dtype, rngs):
         kw = {
             "use_bias": True,
             "dtype": dtype,
@@ -264,96 +234,63 @@ class OpenVLA(nnx.Module):
         self.param_dtype = param_dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.featurizers = nnx.List([ViT(c, **kw) for c in config.vision])
-        self.projector = Projector(
-            config.vision_dim, config.text.hidden_size, config.fused, **kw
-        )
+        self.projector = Projector(config.vision_dim, config.text.hidden_size, config.fused, **kw)
         self.llm = CausalLM(config.text, **kw)
 
     def image_features(self, pixels: jax.Array) -> jax.Array:
         """Concatenated patch features ``[B, num_patches, vision_dim]``."""
         n = len(self.featurizers)
         if pixels.ndim != 4 or pixels.shape[-1] != 3 * n:
-            raise BadInput(
-                f"pixels have shape {tuple(pixels.shape)}; OpenVLA takes [batch, H, W, {3 * n}]"
-            )
-        feats = [
-            vit.patch_features(pixels[..., 3 * i : 3 * i + 3], layer=-1)
-            for i, vit in enumerate(self.featurizers)
-        ]
+            raise BadInput(f"pixels have shape {tuple(pixels.shape)}; OpenVLA takes [batch, H, W, {3 * n}]")
+        feats = [vit.patch_features(pixels[..., 3 * i : 3 * i + 3], layer=-1) for i, vit in enumerate(self.featurizers)]
         return jnp.concatenate(feats, axis=-1)
 
     def image_embeddings(self, pixels: jax.Array) -> jax.Array:
         """Projected patches ``[B, num_patches, llm_dim]`` (OpenVLA's ``projector_features``)."""
         return self.projector(self.image_features(pixels))
 
-    def multimodal_inputs(
-        self, input_ids, attention_mask, pixels=None, *, patches=None
-    ):
+    def multimodal_inputs(self, input_ids, attention_mask, pixels=None, *, patches=None):
         """``(inputs_embeds [B, T + N, d], mask [B, T + N])``: each row's tokens with the N
         projected patches after its first real token. Pass ``patches`` (from
         ``image_embeddings``) to reuse them."""
         B, T = input_ids.shape
-        mask = (
-            jnp.ones((B, T), bool)
-            if attention_mask is None
-            else attention_mask.astype(bool)
-        )
+        mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
         if patches is None:
             patches = self.image_embeddings(pixels)
         N = patches.shape[1]
         tokens = self.llm.embed(input_ids.reshape(-1)).reshape(B, T, -1)
-        bos = jnp.argmax(mask, axis=1)[
-            :, None
-        ]  # first real token (0 for an unpadded row)
+        bos = jnp.argmax(mask, axis=1)[:, None]  # first real token (0 for an unpadded row)
         j = jnp.arange(T + N)[None, :]
         is_patch = (j > bos) & (j <= bos + N)
         token_at = jnp.clip(jnp.where(j <= bos, j, j - N), 0, T - 1)
         patch_at = jnp.clip(j - bos - 1, 0, N - 1)
         tok = jnp.take_along_axis(tokens, token_at[..., None], axis=1)
-        img = jnp.take_along_axis(
-            patches.astype(tokens.dtype), patch_at[..., None], axis=1
-        )
+        img = jnp.take_along_axis(patches.astype(tokens.dtype), patch_at[..., None], axis=1)
         embeds = jnp.where(is_patch[..., None], img, tok)
         full_mask = is_patch | jnp.take_along_axis(mask, token_at, axis=1)
         return embeds, full_mask
 
-    def hidden_states(
-        self, input_ids, attention_mask, pixels=None, *, patches=None
-    ) -> jax.Array:
-        embeds, mask = self.multimodal_inputs(
-            input_ids, attention_mask, pixels, patches=patches
-        )
+    def hidden_states(self, input_ids, attention_mask, pixels=None, *, patches=None) -> jax.Array:
+        embeds, mask = self.multimodal_inputs(input_ids, attention_mask, pixels, patches=patches)
         return self.llm.hidden_states(attention_mask=mask, inputs_embeds=embeds)
 
-    def __call__(
-        self, input_ids, attention_mask, pixels=None, *, patches=None
-    ) -> jax.Array:
+    def __call__(self, input_ids, attention_mask, pixels=None, *, patches=None) -> jax.Array:
         """Float32 logits ``[B, T + N, V]`` over the multimodal sequence."""
-        return self.llm.logits(
-            self.hidden_states(input_ids, attention_mask, pixels, patches=patches)
-        )
+        return self.llm.logits(self.hidden_states(input_ids, attention_mask, pixels, patches=patches))
 
 
 class ActionForward(NamedTuple):
     token_logprobs: jax.Array  # [B, A] log p(action token) among the action ids
     entropy: jax.Array  # [B, A] entropy of that restricted distribution
-    value_hidden: (
-        jax.Array
-    )  # [B, d] hidden state at the last prompt token (before the first action)
+    value_hidden: jax.Array  # [B, d] hidden state at the last prompt token (before the first action)
 
 
-def forward_actions(
-    model: OpenVLA, input_ids, attention_mask, pixels, action_ids, temperature=1.0
-) -> ActionForward:
+def forward_actions(model: OpenVLA, input_ids, attention_mask, pixels, action_ids, temperature=1.0) -> ActionForward:
     """Teacher-forced pass over ``[prompt, action_ids[:, :-1]]``: the log-prob of each action
     token given the (left-padded) prompt and the tokens before it."""
     B, T = input_ids.shape
     A = action_ids.shape[1]
-    mask = (
-        jnp.ones((B, T), bool)
-        if attention_mask is None
-        else attention_mask.astype(bool)
-    )
+    mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
     ids = jnp.concatenate([input_ids, action_ids[:, :-1]], axis=1).astype(jnp.int32)
     full = jnp.concatenate([mask, jnp.ones((B, A - 1), bool)], axis=1)
     hidden = model.hidden_states(ids, full, pixels)
@@ -380,9 +317,7 @@ def action_logprobs(
     temperature=1.0,
 ) -> jax.Array:
     """RL log-probs of ``action_ids [B, A]`` at ``level`` (token / action / chunk)."""
-    out = forward_actions(
-        model, input_ids, attention_mask, pixels, action_ids, temperature
-    )
+    out = forward_actions(model, input_ids, attention_mask, pixels, action_ids, temperature)
     return at.reduce_logprobs(out.token_logprobs, action_dim, level)
 
 
@@ -409,36 +344,26 @@ def generate_actions(
     B, P, _ = embeds.shape
     full = jnp.concatenate([mask, jnp.ones((B, num_tokens), bool)], axis=1)
     cache = model.llm.init_cache(B, P + num_tokens)
-    hidden, cache = model.llm.hidden_states(
-        attention_mask=full, cache=cache, cache_index=0, inputs_embeds=embeds
-    )
+    hidden, cache = model.llm.hidden_states(attention_mask=full, cache=cache, cache_index=0, inputs_embeds=embeds)
     value_hidden = hidden[:, -1]
     keys = jax.random.split(key, num_tokens)
-    first, first_lp = at.choose(
-        tok, model.llm.logits(value_hidden), keys[0], temperature
-    )
+    first, first_lp = at.choose(tok, model.llm.logits(value_hidden), keys[0], temperature)
 
     def step(carry, xs):
         cache, token = carry
         i, k = xs
         emb = model.llm.embed(token)[:, None]
-        out, cache = model.llm.hidden_states(
-            attention_mask=full, cache=cache, cache_index=P + i, inputs_embeds=emb
-        )
+        out, cache = model.llm.hidden_states(attention_mask=full, cache=cache, cache_index=P + i, inputs_embeds=emb)
         token, lp = at.choose(tok, model.llm.logits(out[:, 0]), k, temperature)
         return (cache, token), (token, lp)
 
-    _, (rest, rest_lp) = jax.lax.scan(
-        step, (cache, first), (jnp.arange(num_tokens - 1), keys[1:])
-    )
+    _, (rest, rest_lp) = jax.lax.scan(step, (cache, first), (jnp.arange(num_tokens - 1), keys[1:]))
     ids = jnp.concatenate([first[:, None], rest.T], axis=1)
     lps = jnp.concatenate([first_lp[:, None], rest_lp.T], axis=1)
     return Generated(ids, lps, value_hidden)
 
 
-def decode_actions(
-    config: OpenVLAConfig, action_ids, dataset: str | None = None
-) -> jax.Array:
+def decode_actions(config: OpenVLAConfig, action_ids, dataset: str | None = None) -> jax.Array:
     """Action ids ``[B, action_dim]`` -> robot actions: bin centres, un-normalised with the
     dataset's q01/q99."""
     return config.action_stats(dataset).unnormalize(config.tokenizer.decode(action_ids))
@@ -458,7 +383,5 @@ def predict_action(
     centres and un-normalise with the dataset's q01/q99 (OpenVLA's ``predict_action``)."""
     stats = model.config.action_stats(dataset)
     key = jax.random.key(0) if key is None else key
-    out = generate_actions(
-        model, input_ids, attention_mask, pixels, key, stats.action_dim, temperature
-    )
+    out = generate_actions(model, input_ids, attention_mask, pixels, key, stats.action_dim, temperature)
     return stats.unnormalize(model.config.tokenizer.decode(out.action_ids))

@@ -49,9 +49,7 @@ class ViTConfig:
     patch_size: int
     num_channels: int = 3
     layer_norm_eps: float = 1e-6
-    gelu_approximate: bool = (
-        False  # tanh GELU (SigLIP) instead of the exact erf form (DINOv2)
-    )
+    gelu_approximate: bool = False  # tanh GELU (SigLIP) instead of the exact erf form (DINOv2)
     class_token: bool = False
     num_register_tokens: int = 0
     # How many leading prefix tokens get a position embedding: transformers' DINOv2 gives the
@@ -65,13 +63,9 @@ class ViTConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
-            raise BadInput(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_heads}"
-            )
+            raise BadInput(f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_heads}")
         if self.image_size % self.patch_size:
-            raise BadInput(
-                f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
-            )
+            raise BadInput(f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}")
         if self.pos_embed_prefix > self.num_prefix_tokens - self.num_register_tokens:
             raise BadInput("pos_embed_prefix may count the CLS token only")
 
@@ -117,16 +111,10 @@ class ViTConfig:
             "patch_size",
         ):
             if key not in hf:
-                raise BadInput(
-                    f"config.json lacks {key!r}, which a {model_type} model needs"
-                )
-        act = hf.get(
-            "hidden_act", "gelu_pytorch_tanh" if model_type in SIGLIP_TYPES else "gelu"
-        )
+                raise BadInput(f"config.json lacks {key!r}, which a {model_type} model needs")
+        act = hf.get("hidden_act", "gelu_pytorch_tanh" if model_type in SIGLIP_TYPES else "gelu")
         if act not in _GELU:
-            raise BadInput(
-                f"config.json hidden_act={act!r} is not supported; use one of {', '.join(_GELU)}"
-            )
+            raise BadInput(f"config.json hidden_act={act!r} is not supported; use one of {', '.join(_GELU)}")
         image_size, patch_size = (
             _square(hf["image_size"], "image_size"),
             _square(hf["patch_size"], "patch_size"),
@@ -144,25 +132,19 @@ class ViTConfig:
         }
         if model_type in SIGLIP_TYPES:
             if "intermediate_size" not in hf:
-                raise BadInput(
-                    "config.json lacks 'intermediate_size', which a SigLIP vision model needs"
-                )
+                raise BadInput("config.json lacks 'intermediate_size', which a SigLIP vision model needs")
             return cls(
                 **common,
                 intermediate_size=int(hf["intermediate_size"]),
                 attention_pool=bool(hf.get("vision_use_head", True)),
             )
         if hf.get("use_swiglu_ffn"):
-            raise BadInput(
-                "config.json use_swiglu_ffn=true is not supported; only the GELU MLP is"
-            )
+            raise BadInput("config.json use_swiglu_ffn=true is not supported; only the GELU MLP is")
         return cls(
             **common,
             intermediate_size=int(int(hf["hidden_size"]) * hf.get("mlp_ratio", 4)),
             class_token=True,
-            num_register_tokens=int(hf.get("num_register_tokens", 0))
-            if model_type == "dinov2_with_registers"
-            else 0,
+            num_register_tokens=int(hf.get("num_register_tokens", 0)) if model_type == "dinov2_with_registers" else 0,
             pos_embed_prefix=1,
             layer_scale=True,
             layer_scale_init=float(hf.get("layerscale_value", 1.0)),
@@ -173,9 +155,7 @@ class ViTConfig:
 def _square(value, name: str) -> int:
     if isinstance(value, (list, tuple)):
         if len(value) != 2 or value[0] != value[1]:
-            raise BadInput(
-                f"config.json {name}={value} is not square; only square images and patches are supported"
-            )
+            raise BadInput(f"config.json {name}={value} is not square; only square images and patches are supported")
         value = value[0]
     return int(value)
 
@@ -194,19 +174,14 @@ class LayerNorm(nnx.Module):
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         normed = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-        out = normed * self.scale[...].astype(jnp.float32) + self.bias[...].astype(
-            jnp.float32
-        )
+        out = normed * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
         return out.astype(self.dtype)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Bidirectional softmax attention, q ``[B, Tq, H, D]``, k / v ``[B, S, H, D]``; scores
     and softmax in float32."""
-    scores = (
-        jnp.einsum("bqhd,bshd->bhqs", q, k, preferred_element_type=jnp.float32)
-        * q.shape[-1] ** -0.5
-    )
+    scores = jnp.einsum("bqhd,bshd->bhqs", q, k, preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
     weights = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum(
         "bhqs,bshd->bqhd",
@@ -246,12 +221,8 @@ class MLP(nnx.Module):
             "rngs": rngs,
         }
         self.approximate = config.gelu_approximate
-        self.fc1 = Dense(
-            config.hidden_size, config.intermediate_size, ("embed", "mlp"), **kw
-        )
-        self.fc2 = Dense(
-            config.intermediate_size, config.hidden_size, ("mlp", "embed"), **kw
-        )
+        self.fc1 = Dense(config.hidden_size, config.intermediate_size, ("embed", "mlp"), **kw)
+        self.fc2 = Dense(config.intermediate_size, config.hidden_size, ("mlp", "embed"), **kw)
 
     def __call__(self, x):
         return self.fc2(jax.nn.gelu(self.fc1(x), approximate=self.approximate))
@@ -313,9 +284,7 @@ class AttentionPool(nnx.Module):
 class ViT(nnx.Module):
     """SigLIP / DINOv2 vision transformer; see the module docstring for the outputs."""
 
-    def __init__(
-        self, config: ViTConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs
-    ):
+    def __init__(self, config: ViTConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs):
         param_dtype = param_dtype or dtype
         self.config = config
         self.dtype = dtype
@@ -324,31 +293,17 @@ class ViT(nnx.Module):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         P, C, D = c.patch_size, c.num_channels, c.hidden_size
         normal = nnx.initializers.normal(INIT_STD)
-        self.patch_kernel = param(
-            rngs, normal, (P, P, C, D), param_dtype, (None, None, None, "embed")
-        )
-        self.patch_bias = param(
-            rngs, nnx.initializers.zeros, (D,), param_dtype, ("embed",)
-        )
-        self.pos_embed = param(
-            rngs, normal, (c.num_positions, D), param_dtype, (None, "embed")
-        )
-        self.cls_token = (
-            param(rngs, normal, (1, D), param_dtype, (None, "embed"))
-            if c.class_token
-            else None
-        )
+        self.patch_kernel = param(rngs, normal, (P, P, C, D), param_dtype, (None, None, None, "embed"))
+        self.patch_bias = param(rngs, nnx.initializers.zeros, (D,), param_dtype, ("embed",))
+        self.pos_embed = param(rngs, normal, (c.num_positions, D), param_dtype, (None, "embed"))
+        self.cls_token = param(rngs, normal, (1, D), param_dtype, (None, "embed")) if c.class_token else None
         self.reg_tokens = (
-            param(
-                rngs, normal, (c.num_register_tokens, D), param_dtype, (None, "embed")
-            )
+            param(rngs, normal, (c.num_register_tokens, D), param_dtype, (None, "embed"))
             if c.num_register_tokens
             else None
         )
         self.blocks = nnx.List([Block(c, **kw) for _ in range(c.num_layers)])
-        self.final_norm = (
-            LayerNorm(D, eps=c.layer_norm_eps, **kw) if c.final_norm else None
-        )
+        self.final_norm = LayerNorm(D, eps=c.layer_norm_eps, **kw) if c.final_norm else None
         self.head = AttentionPool(c, **kw) if c.attention_pool else None
 
     def patch_embed(self, pixels: jax.Array) -> jax.Array:
@@ -365,19 +320,9 @@ class ViT(nnx.Module):
                 f"[batch, {c.image_size}, {c.image_size}, {c.num_channels}] (channels last)"
             )
         B, G, P = pixels.shape[0], c.grid, c.patch_size
-        patches = (
-            pixels.astype(self.dtype)
-            .reshape(B, G, P, G, P, c.num_channels)
-            .transpose(0, 1, 3, 2, 4, 5)
-        )
-        kernel = (
-            self.patch_kernel[...]
-            .astype(self.dtype)
-            .reshape(P * P * c.num_channels, -1)
-        )
-        out = jnp.dot(patches.reshape(B * G * G, -1), kernel) + self.patch_bias[
-            ...
-        ].astype(self.dtype)
+        patches = pixels.astype(self.dtype).reshape(B, G, P, G, P, c.num_channels).transpose(0, 1, 3, 2, 4, 5)
+        kernel = self.patch_kernel[...].astype(self.dtype).reshape(P * P * c.num_channels, -1)
+        out = jnp.dot(patches.reshape(B * G * G, -1), kernel) + self.patch_bias[...].astype(self.dtype)
         return out.reshape(B, G * G, -1)
 
     def embed(self, pixels: jax.Array) -> jax.Array:
@@ -403,9 +348,7 @@ class ViT(nnx.Module):
             )
         return jnp.concatenate([*parts, x], axis=1) if parts else x
 
-    def hidden_states(
-        self, pixels: jax.Array, num_blocks: int | None = None
-    ) -> list[jax.Array]:
+    def hidden_states(self, pixels: jax.Array, num_blocks: int | None = None) -> list[jax.Array]:
         """``[embeddings, block 0 output, ..., block num_blocks-1 output]``, each ``[B, N, D]``
         (no final norm); ``num_blocks`` defaults to all."""
         num_blocks = len(self.blocks) if num_blocks is None else num_blocks
@@ -427,9 +370,7 @@ class ViT(nnx.Module):
         index = layer + n if layer < 0 else layer
         if not 0 <= index < n:
             raise BadInput(f"layer={layer} does not name one of the {n} blocks")
-        return self.hidden_states(pixels, index + 1)[-1][
-            :, self.config.num_prefix_tokens :
-        ]
+        return self.hidden_states(pixels, index + 1)[-1][:, self.config.num_prefix_tokens :]
 
     def __call__(self, pixels: jax.Array) -> jax.Array:
         """Last hidden state ``[B, N, D]``, after the final norm when the model has one."""
@@ -439,9 +380,7 @@ class ViT(nnx.Module):
     def pooled(self, pixels: jax.Array) -> jax.Array:
         """The attention-pool head's output ``[B, D]`` (SigLIP's ``pooler_output``)."""
         if self.head is None:
-            raise BadInput(
-                "this ViT has no attention-pool head (vision_use_head=false)"
-            )
+            raise BadInput("this ViT has no attention-pool head (vision_use_head=false)")
         h = self(pixels)
         B, N, D = h.shape
         return self.head(h.reshape(B * N, D), B)
