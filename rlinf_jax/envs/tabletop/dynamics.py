@@ -92,6 +92,19 @@ def mjx_data(m: mjx.Model, sim: TabletopSim, ctrl: jax.Array | None = None) -> m
     return d if ctrl is None else d.replace(ctrl=ctrl)
 
 
+def geom_poses(m: mjx.Model, sim: TabletopSim) -> mjx.Data:
+    """A `Data` holding just what the renderer reads: every geom's world pose.
+
+    Geoms sit at their bodies' origins and bodies only translate (pads are mocap bodies),
+    so positions come straight from qpos and rotations are constants; cheaper to compile
+    than `mjx.kinematics`, which the tests check against.
+    """
+    world, xmat = scene.static_geom_frames()
+    pads = jnp.concatenate([sim.spec.pad_xy, jnp.full((scene.NUM_PADS, 1), scene.PAD_HEIGHT / 2)], axis=1)
+    xpos = jnp.concatenate([jnp.asarray(world), pads, objects(sim), ee_pos(sim)[None]], axis=0)
+    return mjx.make_data(m).replace(geom_xpos=xpos, geom_xmat=jnp.asarray(xmat))
+
+
 def _set_slot(qpos: jax.Array, qvel: jax.Array, slot: jax.Array, pos: jax.Array, on: jax.Array):
     """Where `on`, put object `slot` at `pos` at rest."""
     idx = 3 * slot + jnp.arange(3)
@@ -105,8 +118,16 @@ def substep(m: mjx.Model, sim: TabletopSim, action: jax.Array) -> TabletopSim:
     action = jnp.clip(jnp.asarray(action, jnp.float32), -1.0, 1.0)
     target = jnp.clip(ee_pos(sim) + action[:3] * MAX_DELTA, scene.EE_LOW, scene.EE_HIGH)
 
+    rest = jnp.asarray(scene.SHAPE_REST)
+    z = 3 * jnp.arange(scene.NUM_SLOTS) + 2
+
     def frame(d, _):
-        return mjx.step(m, d), None
+        d = mjx.step(m, d)
+        # The table: an object below its resting height is put back on it, stopped.
+        below = d.qpos[z] < rest
+        qpos = d.qpos.at[z].set(jnp.maximum(d.qpos[z], rest))
+        qvel = d.qvel.at[z].set(jnp.where(below, jnp.maximum(d.qvel[z], 0.0), d.qvel[z]))
+        return d.replace(qpos=qpos, qvel=qvel), None
 
     d, _ = jax.lax.scan(frame, mjx_data(m, sim, target), None, length=scene.FRAMES_PER_SUBSTEP)
     qpos, qvel = d.qpos, d.qvel
@@ -124,9 +145,8 @@ def substep(m: mjx.Model, sim: TabletopSim, action: jax.Array) -> TabletopSim:
     offset = jnp.where(grab, centres[nearest] - ee, sim.offset)
 
     # The weld: a held object follows the gripper but never sinks into the table.
-    rest = jnp.asarray(scene.SHAPE_REST)[jnp.maximum(held, 0)]
     carried = ee + offset
-    carried = carried.at[2].set(jnp.maximum(carried[2], rest))
+    carried = carried.at[2].set(jnp.maximum(carried[2], rest[jnp.maximum(held, 0)]))
     qpos, qvel = _set_slot(qpos, qvel, jnp.maximum(held, 0), carried, held >= 0)
     # A released object starts falling from rest, not with the gripper's speed.
     released = (sim.held >= 0) & (held < 0)

@@ -83,8 +83,9 @@ class TabletopEnv:
 
     # ---- one env, no batch axis ----
 
-    def _observe(self, sim: TabletopSim) -> dict:
-        d = mjx.kinematics(self.model, dynamics.mjx_data(self.model, sim))
+    def observe(self, sim: TabletopSim) -> dict:
+        """One env's observation dict from its sim state (unbatched; vmap for a batch)."""
+        d = dynamics.geom_poses(self.model, sim)
         return {
             "image": render.render(self.model, d, self.rays, sim.spec, sim.grip),
             "tokens": sim.spec.tokens,
@@ -93,7 +94,7 @@ class TabletopEnv:
 
     def _state(self, sim: TabletopSim, reward, done, truncated, success) -> EnvState:
         return EnvState(
-            obs=self._observe(sim),
+            obs=self.observe(sim),
             reward=jnp.asarray(reward, jnp.float32),
             done=jnp.asarray(done, jnp.float32),
             truncated=jnp.asarray(truncated, jnp.float32),

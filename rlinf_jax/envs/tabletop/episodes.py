@@ -89,8 +89,9 @@ def split_of(eid: int) -> tuple[str, int]:
     return SPLITS[eid // SPLIT_SIZE], eid % SPLIT_SIZE
 
 
-def _choice(key, lo: int, hi: int) -> jax.Array:
-    return jax.random.randint(key, (), lo, hi, dtype=jnp.int32)
+def _pick(u: jax.Array, lo: int, hi: int) -> jax.Array:
+    """An int32 in [lo, hi) from a uniform u in [0, 1)."""
+    return jnp.minimum(lo + jnp.floor(u * (hi - lo)), hi - 1).astype(jnp.int32)
 
 
 def decode(eid) -> EpisodeSpec:
@@ -101,38 +102,39 @@ def decode(eid) -> EpisodeSpec:
     eid = jnp.clip(jnp.asarray(eid, jnp.int32), 0, len(SPLITS) * SPLIT_SIZE - 1)
     split = eid // SPLIT_SIZE
     vision, semantic, execution = split == 1, split == 2, split == 3
-    keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(_ROOT_SEED), eid), 12)
+    # One draw of uniforms feeds every factor (cheap to compile, unlike a key per factor):
+    # [0:6] choices, [6:22] cell order, [22:32] jitter, [32:41] pose, [41:45] pads, [45:69] distractor.
+    u = jax.random.uniform(jax.random.fold_in(jax.random.PRNGKey(_ROOT_SEED), eid), (69,))
 
     n_obj, n_obj_train = len(catalog.OBJECTS), catalog.NUM_TRAIN_OBJECTS
-    obj = jnp.where(semantic, _choice(keys[0], n_obj_train, n_obj), _choice(keys[0], 0, n_obj_train))
+    obj = jnp.where(semantic, _pick(u[0], n_obj_train, n_obj), _pick(u[0], 0, n_obj_train))
     # A distractor of another shape (so it has a body of its own), from the whole catalogue.
     slot = jnp.asarray(catalog.OBJECT_SLOT)
-    other_shape = slot != slot[obj]
-    g = jax.random.gumbel(keys[1], (n_obj,))
-    distractor = jnp.where(semantic, jnp.argmax(jnp.where(other_shape, g, -jnp.inf)), -1).astype(jnp.int32)
+    score = jnp.where(slot != slot[obj], u[45:69], -1.0)
+    distractor = jnp.where(semantic, jnp.argmax(score), -1).astype(jnp.int32)
 
-    pads = jax.random.permutation(keys[2], len(catalog.PAD_NAMES))
+    pads = jnp.argsort(u[41:45])
     target, other_pad = pads[0].astype(jnp.int32), pads[1].astype(jnp.int32)
 
     nt, ntt = len(catalog.TEXTURES), catalog.NUM_TRAIN_TEXTURES
-    texture = jnp.where(vision, _choice(keys[3], ntt, nt), _choice(keys[3], 0, ntt))
+    texture = jnp.where(vision, _pick(u[1], ntt, nt), _pick(u[1], 0, ntt))
     nb, nbt = len(catalog.BACKGROUNDS), catalog.NUM_TRAIN_BACKGROUNDS
-    background = jnp.where(vision, _choice(keys[4], nbt, nb), _choice(keys[4], 0, nbt))
+    background = jnp.where(vision, _pick(u[2], nbt, nb), _pick(u[2], 0, nbt))
     nm, nmt = len(catalog.TEMPLATES), catalog.NUM_TRAIN_TEMPLATES
-    template = jnp.where(semantic, _choice(keys[5], nmt, nm), _choice(keys[5], 0, nmt))
+    template = jnp.where(semantic, _pick(u[3], nmt, nm), _pick(u[3], 0, nmt))
 
     # Positions: object, target pad, other pad, distractor, then where the object jumps to.
-    inner = jnp.asarray(INNER_CELLS)[jax.random.permutation(keys[6], len(INNER_CELLS))[:5]]
-    ring = jnp.asarray(RING_CELLS)[jax.random.permutation(keys[6], len(RING_CELLS))[:5]]
+    inner = jnp.asarray(INNER_CELLS)[jnp.argsort(u[6 : 6 + len(INNER_CELLS)])[:5]]
+    ring = jnp.asarray(RING_CELLS)[jnp.argsort(u[6 : 6 + len(RING_CELLS)])[:5]]
     cells = jnp.where(execution, ring, inner)
-    xy = cells + jax.random.uniform(keys[7], (5, 2), minval=-JITTER, maxval=JITTER)
+    xy = cells + (2 * u[22:32].reshape(5, 2) - 1) * JITTER
 
-    ee_jitter = jax.random.uniform(keys[8], (3,), minval=-EE_JITTER, maxval=EE_JITTER)
-    mag = jax.random.uniform(keys[9], (3,), minval=EE_PERTURB[0], maxval=EE_PERTURB[1])
-    sign = jnp.where(jax.random.bernoulli(keys[10], 0.5, (3,)), 1.0, -1.0)
+    ee_jitter = (2 * u[32:35] - 1) * EE_JITTER
+    mag = EE_PERTURB[0] + u[35:38] * (EE_PERTURB[1] - EE_PERTURB[0])
+    sign = jnp.where(u[38:41] < 0.5, 1.0, -1.0)
     ee_init = jnp.asarray(EE_HOME) + jnp.where(execution, mag * sign, ee_jitter)
 
-    move_step = jnp.where(execution, _choice(keys[11], MOVE_STEPS[0], MOVE_STEPS[1] + 1), -1)
+    move_step = jnp.where(execution, _pick(u[4], MOVE_STEPS[0], MOVE_STEPS[1] + 1), -1)
     tokens = jnp.asarray(language.token_table())[template, obj, target]
     return EpisodeSpec(
         episode_id=eid,

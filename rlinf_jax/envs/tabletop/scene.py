@@ -6,11 +6,12 @@ model holds one body per object *shape*, and an episode picks which bodies are o
 table and which are parked out of sight. Colours are painted per pixel by the renderer from
 the geom id a ray hits, which is why every geom here is plain grey.
 
-Bodies only translate (slide joints), so a body's world position is its qpos; contacts are
-switched off: objects rest on the table through a joint limit at their resting height, and a
-closed gripper carries an object by overriding its qpos (see `env.py`). That keeps the
-physics a few small matrix ops per step while staying a real MJX model (gravity, joint
-limits, position servos on the end effector).
+Bodies only translate (slide joints), so a body's world position is its qpos. The model has
+no constraints at all (contacts off, no joint limits): the table holds objects up by a clamp
+at their resting height applied after every physics step, and a closed gripper carries an
+object by overriding its qpos (see `dynamics.py`). MJX then skips its constraint solver,
+which halves the compile time of a step, while gravity, damping and the end effector's
+position servos stay MuJoCo's.
 """
 
 from __future__ import annotations
@@ -67,13 +68,11 @@ class Geom:
 
 
 def _object_body(i: int, shape: str) -> str:
-    rest = SHAPE_REST[i]
     return f"""
     <body name="obj_{shape}">
       <joint name="obj_{shape}_x" type="slide" axis="1 0 0" damping="2"/>
       <joint name="obj_{shape}_y" type="slide" axis="0 1 0" damping="2"/>
-      <joint name="obj_{shape}_z" type="slide" axis="0 0 1" limited="true" range="{rest:.4f} 2"
-             damping="2"/>
+      <joint name="obj_{shape}_z" type="slide" axis="0 0 1" damping="2"/>
       <geom name="obj_{shape}" {SHAPE_GEOMS[shape]} mass="0.1" material="plain"/>
     </body>"""
 
@@ -124,6 +123,20 @@ def mj_model() -> mujoco.MjModel:
     expected = ["floor", "table"] + [f"pad{j}" for j in range(NUM_PADS)] + [f"obj_{s}" for s in SHAPES] + ["ee"]
     assert names == expected, names  # Geom ids above depend on this order
     return model
+
+
+@functools.lru_cache(maxsize=1)
+def static_geom_frames() -> tuple[np.ndarray, np.ndarray]:
+    """(world positions of the world geoms [2, 3], every geom's rotation [ngeom, 3, 3]).
+
+    Bodies only translate, so geom rotations never change and the renderer can place geoms
+    from qpos and the pads' mocap positions without running MJX kinematics.
+    """
+    model = mj_model()
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    world = data.geom_xpos[[Geom.FLOOR, Geom.TABLE]].astype(np.float32)
+    return world, data.geom_xmat.reshape(-1, 3, 3).astype(np.float32)
 
 
 # qpos layout: each object slot has (x, y, z), then the end effector's (x, y, z).
