@@ -24,7 +24,13 @@ from rlinf_jax.envs.tabletop.episodes import (
     instruction,
     split_of,
 )
-from rlinf_jax.envs.tabletop.expert import collect_demos, demo_dataset, expert_action, expert_actions
+from rlinf_jax.envs.tabletop.expert import (
+    collect_demos,
+    demo_dataset,
+    expert_action,
+    expert_actions,
+    rollout_expert,
+)
 from rlinf_jax.envs.tabletop.language import decode as decode_tokens
 from rlinf_jax.envs.tabletop.language import encode as encode_instruction
 from rlinf_jax.envs.tabletop.language import vocab_size
@@ -49,6 +55,7 @@ __all__ = [
     "instruction",
     "instruction_text",
     "reward_terms",
+    "rollout_expert",
     "split_of",
     "vocab_size",
 ]

@@ -83,12 +83,12 @@ def expert_actions(env, state: EnvState) -> jax.Array:
     return jax.vmap(lambda s: expert_chunk(env, s))(state.sim)
 
 
-def collect_demos(env, episode_ids, num_chunks: int) -> dict[str, jax.Array]:
-    """Expert rollouts of `episode_ids` ([num_envs]) for `num_chunks` env steps.
+def rollout_expert(env, state: EnvState, num_chunks: int) -> tuple[EnvState, dict[str, jax.Array]]:
+    """`num_chunks` expert env steps from `state` (jittable): (last state, records).
 
-    Returns arrays with axes [num_envs, num_chunks, ...]: ``image``, ``tokens``, ``proprio``
-    (what the policy sees before acting), ``action`` [.., K, 7], ``valid`` (the step was
-    taken before the episode ended or succeeded), and ``success`` [num_envs].
+    Records have axes [num_envs, num_chunks, ...]: ``image``, ``tokens``, ``proprio`` (what
+    the policy sees before acting), ``action`` [.., K, 7], ``valid`` (the step was taken
+    before the episode ended or succeeded); plus ``success`` [num_envs].
     """
 
     def body(carry, _):
@@ -100,11 +100,15 @@ def collect_demos(env, episode_ids, num_chunks: int) -> dict[str, jax.Array]:
         finished = finished | (nxt.done > 0) | (nxt.info["success"] > 0)
         return (nxt, finished, succeeded), rec
 
-    state = env.reset_to(episode_ids)
     no = jnp.zeros(env.num_envs, bool)
-    (_, _, success), recs = jax.lax.scan(body, (state, no, no), None, length=num_chunks)
+    (last, _, success), recs = jax.lax.scan(body, (state, no, no), None, length=num_chunks)
     recs = jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), recs)
-    return {**recs, "success": success, "episode_id": jnp.asarray(episode_ids, jnp.int32)}
+    return last, {**recs, "success": success, "episode_id": state.sim.spec.episode_id}
+
+
+def collect_demos(env, episode_ids, num_chunks: int) -> dict[str, jax.Array]:
+    """Expert demonstrations of `episode_ids` ([num_envs]): `rollout_expert`'s records."""
+    return rollout_expert(env, env.reset_to(episode_ids), num_chunks)[1]
 
 
 def demo_dataset(demos: dict, only_success: bool = True) -> dict[str, np.ndarray]:
