@@ -39,11 +39,19 @@ def _brax_env_names() -> list[str]:
     return sorted(brax_envs._envs)
 
 
-def list_envs() -> dict[str, list[str]]:
-    """Suite -> sorted env names."""
+def _tabletop_env_names() -> list[str]:
     from rlinf_jax.envs.tabletop.episodes import SPLITS
 
-    return {"brax": _brax_env_names(), "playground": playground_env_names(), "tabletop": list(SPLITS)}
+    return list(SPLITS)
+
+
+# Each suite's names on their own: validating one suite need not import the others.
+_SUITE_NAMES = {"brax": _brax_env_names, "playground": playground_env_names, "tabletop": _tabletop_env_names}
+
+
+def list_envs() -> dict[str, list[str]]:
+    """Suite -> sorted env names."""
+    return {suite: names() for suite, names in _SUITE_NAMES.items()}
 
 
 def _check_positive(value, what: str) -> int:
@@ -55,7 +63,7 @@ def _check_positive(value, what: str) -> int:
 def _validate(cfg: EnvConfig) -> None:
     if cfg.suite not in BACKENDS:
         raise BadInput(f"unknown env suite {cfg.suite!r}; choose one of {', '.join(BACKENDS)}")
-    names = list_envs()[cfg.suite]
+    names = _SUITE_NAMES[cfg.suite]()
     if cfg.name not in names:
         close = difflib.get_close_matches(str(cfg.name), names, n=1, cutoff=0.0)
         hint = f"did you mean {close[0]!r}? " if close else ""
