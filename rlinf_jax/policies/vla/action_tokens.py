@@ -87,16 +87,21 @@ class ActionTokenizer:
         return logits[..., self.first_id : self.vocab_end]
 
 
+def _effective(temperature):
+    return jnp.where(jnp.asarray(temperature) <= 0, 1.0, temperature)
+
+
 def token_logprobs(tokenizer: ActionTokenizer, logits: jax.Array, ids: jax.Array, temperature=1.0) -> jax.Array:
     """log p(id) under ``softmax(restricted logits / temperature)``; logits ``[..., V]``,
-    ids ``[...]`` action ids -> ``[...]`` float32."""
-    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1)
+    ids ``[...]`` action ids -> ``[...]`` float32. ``temperature <= 0`` (greedy) counts as 1,
+    as in ``choose``."""
+    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / _effective(temperature), axis=-1)
     return jnp.take_along_axis(lp, tokenizer.bin_index(ids)[..., None], axis=-1)[..., 0]
 
 
 def token_entropy(tokenizer: ActionTokenizer, logits: jax.Array, temperature=1.0) -> jax.Array:
     """Entropy of the restricted distribution at each position, ``[...]``."""
-    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / temperature, axis=-1)
+    lp = jax.nn.log_softmax(tokenizer.restrict(logits).astype(jnp.float32) / _effective(temperature), axis=-1)
     return -jnp.sum(jnp.exp(lp) * lp, axis=-1)
 
 
@@ -121,9 +126,8 @@ def choose(tokenizer: ActionTokenizer, logits: jax.Array, key, temperature) -> t
     [B])``, the log-probs under the temperature-scaled distribution (temperature 1 for
     greedy rows), as the LM sampler reports them."""
     restricted = tokenizer.restrict(logits).astype(jnp.float32)
-    greedy = temperature <= 0
-    t = jnp.where(greedy, 1.0, temperature)
-    lp = jax.nn.log_softmax(restricted / t, axis=-1)
+    greedy = jnp.asarray(temperature) <= 0
+    lp = jax.nn.log_softmax(restricted / _effective(temperature), axis=-1)
     sampled = jax.random.categorical(key, lp, axis=-1)
     index = jnp.where(greedy, jnp.argmax(restricted, axis=-1), sampled)
     return (index + tokenizer.first_id).astype(jnp.int32), jnp.take_along_axis(lp, index[:, None], -1)[:, 0]
