@@ -51,9 +51,7 @@ class TabletopConfig:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise BadInput(f"tabletop {name} must be an integer >= 1, got {v!r}")
         if self.num_envs % self.group_size:
-            raise BadInput(
-                f"tabletop num_envs={self.num_envs} must be a multiple of group_size={self.group_size}"
-            )
+            raise BadInput(f"tabletop num_envs={self.num_envs} must be a multiple of group_size={self.group_size}")
         return self
 
 
@@ -163,8 +161,7 @@ class TabletopEnv:
             return action[:, None]
         if action.shape != (b, k, self.action_size):
             raise BadInput(
-                f"tabletop action must have shape [num_envs, chunk_length, 7] = [{b}, {k}, 7], "
-                f"got {list(action.shape)}"
+                f"tabletop action must have shape [num_envs, chunk_length, 7] = [{b}, {k}, 7], got {list(action.shape)}"
             )
         return action
 
