@@ -19,18 +19,28 @@ from rlinf_jax.envs.tabletop import (
     catalog,
     decode_tokens,
     describe,
+    dynamics,
     episode_id,
     episode_spec,
+    episodes,
     expert,
     instruction,
     reward_terms,
     scene,
     split_of,
 )
-from rlinf_jax.envs.tabletop import dynamics, episodes
 from rlinf_jax.errors import BadInput
 
 N_PER_SPLIT = 256
+
+
+class Stepper:
+    """An env with its jitted reset and step, shared so that tests compile them once."""
+
+    def __init__(self, **config):
+        self.env = TabletopEnv(**config)
+        self.reset_to = jax.jit(self.env.reset_to)
+        self.step = jax.jit(self.env.step)
 
 
 def _specs(split: str):
@@ -153,20 +163,20 @@ def _project(points: np.ndarray, size: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def render_env():
-    return TabletopEnv(num_envs=8, image_size=32)
+    return Stepper(num_envs=8, image_size=32)
 
 
 def test_render_paints_object_pad_and_gripper_where_they_project(render_env):
     ids = episode_id("semantic", np.arange(8))  # with distractors: several objects on the table
-    state = jax.jit(render_env.reset_to)(jnp.asarray(ids))
+    state = render_env.reset_to(jnp.asarray(ids))
     img = np.asarray(state.obs["image"])
     assert img.shape == (8, 32, 32, 3) and img.dtype == np.uint8
     # Park the gripper in the near right corner, closed, so it hides nothing we look at.
     ee = np.array([0.22, -0.2, 0.1], np.float32)
     sim = state.sim.replace(qpos=state.sim.qpos.at[:, scene.EE_QPOS].set(ee), grip=jnp.ones(8))
-    moved = np.asarray(jax.jit(jax.vmap(render_env.observe))(sim)["image"])
+    moved = np.asarray(jax.jit(jax.vmap(render_env.env.observe))(sim)["image"])
     spec = jax.device_get(state.sim.spec)
-    to_u8 = lambda rgb: np.round(np.asarray(rgb) * 255).astype(np.uint8)  # noqa: E731
+    to_u8 = lambda rgb: np.round(np.asarray(rgb) * 255).astype(np.uint8)
     for b in range(8):
         obj = np.array([*spec.obj_xy[b], scene.SHAPE_REST[catalog.OBJECT_SLOT[spec.obj[b]]]])
         dis = np.array([*spec.distractor_xy[b], scene.SHAPE_REST[catalog.OBJECT_SLOT[spec.distractor[b]]]])
@@ -193,7 +203,7 @@ def test_geom_poses_match_mjx_kinematics(render_env):
     ids = jnp.asarray(episode_id("semantic", np.arange(8)))
     sim = render_env.reset_to(ids).sim
     sim = sim.replace(qpos=sim.qpos + 0.01 * jnp.arange(scene.NQ))  # off the initial layout
-    m = render_env.model
+    m = render_env.env.model
     ours = jax.jit(jax.vmap(lambda s: dynamics.geom_poses(m, s)))(sim)
     theirs = jax.jit(jax.vmap(lambda s: mjx.kinematics(m, dynamics.mjx_data(m, s))))(sim)
     np.testing.assert_allclose(ours.geom_xpos, theirs.geom_xpos, atol=1e-6)
@@ -211,8 +221,15 @@ def _hand_reward(ee, obj, rest, pad, grasped):
     place = (1 - grasped) * over
     success = place * (obj[2] <= rest + 0.01)
     shaped = 0.15 * reach + 0.25 * grasped + 0.15 * lift + 0.25 * carry + 0.8 * place
-    return {"reach": reach, "grasp": grasped, "lift": lift, "carry": carry, "place": place,
-            "success": success, "reward": 1.0 if success else shaped}
+    return {
+        "reach": reach,
+        "grasp": grasped,
+        "lift": lift,
+        "carry": carry,
+        "place": place,
+        "success": success,
+        "reward": 1.0 if success else shaped,
+    }
 
 
 HAND_STATES = [
@@ -241,14 +258,6 @@ def test_reward_terms_match_hand_formula():
 # ---- stepping ----
 
 
-class Stepper:
-    """An env with its jitted step, shared so that tests compile it once."""
-
-    def __init__(self, **config):
-        self.env = TabletopEnv(**config)
-        self.step = jax.jit(self.env.step)
-
-
 @pytest.fixture(scope="module")
 def env1():
     return Stepper(num_envs=2, image_size=8, chunk_length=1, max_steps=6)
@@ -262,14 +271,14 @@ def test_chunked_step_equals_single_steps_and_stops_at_done(env1):
     actions = actions.at[:, :, 6].set(jnp.where(jnp.arange(8) % 3 == 2, 1.0, -1.0))  # some closes
     step1, step4 = env1.step, env4.step
 
-    s1 = env1.env.reset_to(ids)
+    s1 = env1.reset_to(ids)
     singles = []
     for k in range(8):
         s1 = step1(s1, actions[:, k])
         singles.append(s1)
         if k == 5:
             s1_at_done = s1
-    s4 = env4.env.reset_to(ids)
+    s4 = env4.reset_to(ids)
     first = step4(s4, actions[:, :4])
     second = step4(first, actions[:, 4:])
 
@@ -290,7 +299,7 @@ def test_chunked_step_equals_single_steps_and_stops_at_done(env1):
 def test_batched_step_equals_per_env_steps_and_hand_reward(env1):
     """vmap inside the env against each env alone; the env's reward against the hand formula."""
     ids = jnp.asarray(episode_id("train", np.array([7, 8])))
-    state = env1.env.reset_to(ids)
+    state = env1.reset_to(ids)
     # A hand state: env 0 holds its object 15 cm over the target pad.
     sim = state.sim
     slot0 = int(catalog.OBJECT_SLOT[int(sim.spec.obj[0])])
@@ -298,7 +307,9 @@ def test_batched_step_equals_per_env_steps_and_hand_reward(env1):
     ee = np.array([pad0[0] + 0.01, pad0[1], 0.17], np.float32)
     qpos = sim.qpos.at[0, scene.EE_QPOS].set(ee).at[0, 3 * slot0 : 3 * slot0 + 3].set(ee - [0, 0, 0.01])
     sim = sim.replace(
-        qpos=qpos, grip=sim.grip.at[0].set(1.0), held=sim.held.at[0].set(slot0),
+        qpos=qpos,
+        grip=sim.grip.at[0].set(1.0),
+        held=sim.held.at[0].set(slot0),
         offset=sim.offset.at[0].set(jnp.array([0.0, 0.0, -0.01])),
     )
     state = state.replace(sim=sim)
@@ -306,9 +317,12 @@ def test_batched_step_equals_per_env_steps_and_hand_reward(env1):
     batched = env1.step(state, actions)
     one = jax.jit(env1.env.step_one)
     for b in range(2):
-        row = jax.tree_util.tree_map(lambda x: x[b], state)
+        row = jax.tree_util.tree_map(lambda x, b=b: x[b], state)
         alone = one(row, actions[b][None])
-        for x, y in zip(jax.tree_util.tree_leaves(alone), jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x: x[b], batched))):
+        for x, y in zip(
+            jax.tree_util.tree_leaves(alone),
+            jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x, b=b: x[b], batched)),
+        ):
             np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=1e-6)
     # env 0 keeps holding (gripper closed, zero delta): reward from the hand formula
     q = np.asarray(batched.sim.qpos[0], np.float64)
@@ -320,11 +334,11 @@ def test_batched_step_equals_per_env_steps_and_hand_reward(env1):
 
 
 def test_bad_actions_and_configs_are_rejected(env1):
-    state = env1.env.reset_to(jnp.asarray(episode_id("train", np.array([0, 1]))))
+    state = env1.reset_to(jnp.asarray(episode_id("train", np.array([0, 1]))))
     with pytest.raises(BadInput, match="chunk_length"):
         env1.step(state, jnp.zeros((2, 3, 7)))
     with pytest.raises(BadInput, match="episode ids"):
-        env1.env.reset_to(jnp.zeros(3, jnp.int32))
+        env1.reset_to(jnp.zeros(3, jnp.int32))
     with pytest.raises(BadInput, match="group_size"):
         TabletopEnv(num_envs=6, group_size=4)
     with pytest.raises(BadInput, match="split"):
@@ -376,6 +390,6 @@ def test_registry_builds_the_tabletop_stack():
     assert state.obs["image"].shape == (2, 32, 32, 3)
     assert {"final_obs", "episode_success", "success", "eid"} <= set(state.info)
     assert all(split_of(int(i))[0] == "vision" for i in state.info["eid"])
-    for bad in (dict(name="visual"), dict(action_repeat=2), dict(backend="positional")):
+    for bad in ({"name": "visual"}, {"action_repeat": 2}, {"backend": "positional"}):
         with pytest.raises(BadInput):
             make_env(EnvConfig(**{**cfg.__dict__, **bad}))
