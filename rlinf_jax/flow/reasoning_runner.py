@@ -1,10 +1,10 @@
-"""The host loop of a language-model run (``runner.task`` sft or reasoning).
+"""A language-model run (``runner.task`` sft or reasoning) on the shared host loop.
 
-Same shape as the embodied loop: the trainer runs chunks of iterations that end at
-multiples of the log / eval / save intervals counted from step 0, so a killed-and-resumed
-run ends with the same numbers as an uninterrupted one. A checkpoint holds the trainer's
-arrays (policy, optimiser state, step) and, in its metadata, the data loader's cursor and
-the model's architecture, so ``actor.model.path`` can point at any sft / reasoning run.
+The loop (`flow.host_loop`: chunks ending at multiples of the log / eval / save
+intervals, resume, logs, checkpoints, multi-host roles) is the embodied run's. A
+checkpoint holds the trainer's arrays (policy, optimiser state, step) and, in its
+metadata, the data loader's cursor and the model's architecture, so
+``actor.model.path`` can point at any sft / reasoning run.
 
 Before step 1 the held-out set is scored once (``eval/accuracy`` at step 0): the
 warm start's accuracy, against which RL's gain is read.
@@ -24,25 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import jax
-
 from rlinf_jax.config.loader import config_to_yaml, load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.embodied_runner import (
-    TrainingDiverged,
-    enable_compilation_cache,
-    next_boundary,
-)
-from rlinf_jax.runtime import (
-    Checkpointer,
-    MetricsLogger,
-    RunDir,
-    list_steps,
-    resolve_resume,
-)
-from rlinf_jax.runtime.distributed import is_multiprocess, is_primary
-from rlinf_jax.sharding.mesh import fetch
+from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
+from rlinf_jax.runtime import RunDir, list_steps
+from rlinf_jax.runtime.distributed import is_primary
 
 SFT_DIR = "sft"
 
@@ -58,10 +45,6 @@ class LMRunSummary:
     wall_sec: float
     resumed_from: int | None
     warm_start: Path | None
-
-
-def _due(step: int, interval: int, final: bool) -> bool:
-    return final or (interval > 0 and step % interval == 0)
 
 
 # ----------------------------------------------------------------------------- warm start
@@ -137,68 +120,48 @@ def _write_placement(trainer, path: Path) -> None:
     path.write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _checkpoint_state(trainer, state):
-    snapshot = trainer.snapshot(state)
-    return snapshot if is_multiprocess() else jax.device_get(snapshot)
-
-
-class _Bar:
-    """A rich progress bar over steps with the LM headline metrics."""
-
-    SHOWN: ClassVar[dict[str, str]] = {"eval/accuracy": "acc", "rollout/reward_mean": "reward", "train/loss": "loss", "time/step_sec": "s/step"}
-
-    def __init__(self, total: int, start: int, enabled: bool, console, label: str):
-        self.progress = None
-        self.fields: dict[str, str] = {}
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.progress = Progress(
-                TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
-            )
-            self.task = self.progress.add_task(label, total=total, completed=start, info="evaluating...")
-
-    def __enter__(self):
-        if self.progress is not None:
-            self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
-    def update(self, step: int, metrics: dict) -> None:
-        if self.progress is None:
-            return
-        for key, label in self.SHOWN.items():
-            if key in metrics:
-                self.fields[label] = f"{metrics[key]:.3g}"
-        self.progress.update(self.task, completed=step, info="  ".join(f"{k} {v}" for k, v in self.fields.items()))
-
-
 # ----------------------------------------------------------------------------- the loop
+
+
+class LMLoop(HostLoop):
+    """The host loop of an sft / reasoning run: the held-out set is scored at step 0, and
+    a checkpoint's metadata carries the data cursor and the model's architecture."""
+
+    bar_info = "evaluating..."
+    shown: ClassVar[dict[str, str]] = {
+        "eval/accuracy": "acc", "rollout/reward_mean": "reward", "train/loss": "loss", "time/step_sec": "s/step"
+    }
+    eval_metric = "eval/accuracy"
+    unit = "steps"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.label = "sft" if self.cfg.runner.task == "sft" else "rl"
+
+    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
+        _write_placement(self.trainer, path)
+
+    def load_meta(self, meta: dict) -> None:
+        self.trainer.load_meta(meta)
+
+    def checkpoint_meta(self) -> dict:
+        return self.trainer.meta()
+
+    def first_record(self, state) -> dict:
+        return self.evaluate(state, 0)
+
+    def run_chunk(self, state, n: int):
+        return self.trainer.run_iterations(state, n)
+
+    def close(self) -> None:
+        self.trainer.close()
 
 
 def run(cfg: Config, console=None) -> LMRunSummary:
     """Trains (or resumes) the sft / reasoning run ``cfg`` describes; returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    primary = is_primary()
-    run_dir = RunDir.from_config(cfg)
-    resume_path = resolve_resume(cfg, run_dir)
-    if resume_path is None and cfg.runner.resume == "none" and run_dir.has_checkpoints():
-        raise BadInput(
-            f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
-            "or choose another runner.experiment_name"
-        )
+    run_dir, resume_path = open_run_dir(cfg)
     if cfg.runner.task == "reasoning":
         from rlinf_jax.flow.reasoning import check_algorithm
 
@@ -209,84 +172,20 @@ def run(cfg: Config, console=None) -> LMRunSummary:
         train_cfg = copy.deepcopy(cfg)
         train_cfg.actor.model.path = str(warm)
     trainer = build_trainer(train_cfg)
+    result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
 
-    state = trainer.init()
-    resumed_from = None
-    if resume_path is not None:
-        ckpt_dir, step = resume_path
-        ts, meta = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, trainer.snapshot(state))
-        state = trainer.start(ts)
-        trainer.load_meta(meta)
-        resumed_from = trainer.progress(state)[0]
-
-    if primary:
-        run_dir.create(cfg)
-        _write_placement(trainer, run_dir.path / "placement.json")
-    logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard, write=primary)
-    checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
-    if resumed_from is not None:
-        logger.truncate_after(resumed_from)
-        checkpointer.delete_after(resumed_from)
-
-    step = trainer.progress(state)[0]
-    train_sec, samples = 0.0, 0
-    initial = last_eval = None
-    label = "sft" if cfg.runner.task == "sft" else "rl"
-    show = cfg.runner.progress_bar and primary
-    try:
-        with _Bar(cfg.runner.max_steps, step, show, console, label) as bar:
-            if step == 0:
-                t0 = time.perf_counter()
-                first = dict(trainer.run_eval(state, _eval_key(cfg, 0)))
-                first["time/eval_sec"] = time.perf_counter() - t0
-                initial = last_eval = first.get("eval/accuracy")
-                logger.log(0, first)
-                bar.update(0, first)
-            while step < cfg.runner.max_steps:
-                target = next_boundary(step, cfg)
-                n = target - step
-                t0 = time.perf_counter()
-                state, metrics = trainer.run_iterations(state, n)
-                dt = time.perf_counter() - t0
-                train_sec += dt
-                samples += n * trainer.samples_per_iteration
-                step = target
-                final = step == cfg.runner.max_steps
-                bad = trainer.progress(state)[1]
-                if bad >= cfg.runner.max_nonfinite_updates:
-                    logger.log(step, metrics)
-                    raise TrainingDiverged(
-                        f"{bad} steps in a row produced non-finite losses or gradients (skipped, parameters "
-                        f"untouched); stopped at step {step}. Lower actor.optim.lr; the last good checkpoint is "
-                        f"in {run_dir.checkpoints}"
-                    )
-                if _due(step, cfg.runner.eval_interval, final):
-                    t0 = time.perf_counter()
-                    ev = fetch(trainer.run_eval(state, _eval_key(cfg, step)))
-                    metrics.update({k: float(v) for k, v in ev.items()})
-                    metrics["time/eval_sec"] = time.perf_counter() - t0
-                    last_eval = metrics.get("eval/accuracy", last_eval)
-                if _due(step, cfg.runner.log_interval, final) or "eval/accuracy" in metrics:
-                    logger.log(step, metrics)
-                if _due(step, cfg.runner.save_interval, final):
-                    checkpointer.save(step, _checkpoint_state(trainer, state), {"step": step, **trainer.meta()})
-                bar.update(step, metrics)
-    finally:
-        logger.close()
-        trainer.close()
+    def accuracy(record):
+        return None if record is None else record.get("eval/accuracy")
 
     return LMRunSummary(
-        run_dir=run_dir.path,
+        run_dir=result.run_dir,
         task=cfg.runner.task,
-        steps=step,
-        initial_accuracy=initial,
-        eval_accuracy=last_eval,
-        samples_per_sec=samples / train_sec if train_sec else 0.0,
+        steps=result.step,
+        initial_accuracy=accuracy(result.first),
+        eval_accuracy=accuracy(result.last_eval),
+        samples_per_sec=(result.step - result.start_step) * trainer.samples_per_iteration / result.train_sec
+        if result.train_sec else 0.0,
         wall_sec=time.perf_counter() - t_start,
-        resumed_from=resumed_from,
+        resumed_from=result.resumed_from,
         warm_start=warm,
     )
-
-
-def _eval_key(cfg: Config, step: int):
-    return jax.random.fold_in(jax.random.PRNGKey(cfg.runner.seed + 1), step)

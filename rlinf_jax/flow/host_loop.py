@@ -1,0 +1,302 @@
+"""The host loop every training run shares: resume, chunks of iterations, eval, logs, checkpoints.
+
+A run's trainer (embodied PPO, SFT, reasoning RL) only knows how to run iterations and
+evaluations; this loop decides when. It wakes at chunk boundaries, which sit at
+multiples of the log / eval / save intervals counted from step 0, so the boundaries do
+not depend on where a run was resumed: a killed-and-resumed run ends with exactly the
+numbers of an uninterrupted one. What a resume rewinds (records logged and checkpoints
+saved after the resume point) is dropped before the run goes on.
+
+In a multi-host run every process runs this loop in the same order (whatever touches a
+jitted program or a checkpoint is collective); only process 0 writes the run directory's
+files for people (config.yaml, placement.json, metrics.jsonl, TensorBoard) and shows the
+progress bar. Checkpoints are saved and restored by all processes together.
+
+Each runner subclasses `HostLoop` for what is its own: how a chunk is run and reported,
+what is logged at step 0, which eval metric is the headline, what a checkpoint's metadata
+holds. Ctrl-C propagates as `KeyboardInterrupt` after the logs are closed; the CLI turns
+it into exit code 130 (and `TrainingDiverged` into 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jax
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
+from rlinf_jax.runtime.checkpoint import ResumePoint
+from rlinf_jax.runtime.distributed import barrier, is_multiprocess, is_primary
+from rlinf_jax.sharding.mesh import fetch, spans_all_processes
+
+
+class TrainingDiverged(RuntimeError):
+    """Updates kept producing non-finite losses or gradients; the run stopped."""
+
+
+def next_boundary(step: int, cfg: Config) -> int:
+    """The next step at which the host has something to do (log, eval, save or stop)."""
+    r = cfg.runner
+    candidates = [r.max_steps]
+    for interval in (r.log_interval, r.eval_interval, r.save_interval):
+        if interval > 0:
+            candidates.append((step // interval + 1) * interval)
+    return min(candidates)
+
+
+def due(step: int, interval: int, final: bool) -> bool:
+    return final or (interval > 0 and step % interval == 0)
+
+
+def enable_compilation_cache(directory: str) -> None:
+    if directory:
+        jax.config.update("jax_compilation_cache_dir", str(Path(directory).expanduser()))
+        # Only programs worth caching: the fused iteration and the eval loop, not tiny ops.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def eval_key(cfg: Config, step: int):
+    """The evaluation's key at ``step``: the same whatever the chunking or resume point."""
+    return jax.random.fold_in(jax.random.PRNGKey(cfg.runner.seed + 1), step)
+
+
+def checkpoint_view(snapshot):
+    """What a checkpoint holds of ``snapshot`` (and what a restore reads into).
+
+    One process: the snapshot itself. Several: orbax writes an array that spans every
+    process shard by shard from all of them, so no host ever holds the whole state; an
+    array that only some processes hold (a component placed on some hosts) is one orbax
+    cannot write, and it goes through the host instead.
+    """
+    if not is_multiprocess():
+        return snapshot
+    leaves, treedef = jax.tree.flatten(snapshot)
+    partial = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not spans_all_processes(x)]
+    for i, value in zip(partial, fetch([leaves[i] for i in partial])):
+        leaves[i] = value
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def checkpoint_state(trainer, state):
+    """The arrays a checkpoint of ``state`` writes (host copies on one process)."""
+    snapshot = trainer.snapshot(state)
+    return checkpoint_view(snapshot) if is_multiprocess() else jax.device_get(snapshot)
+
+
+def open_run_dir(cfg: Config) -> tuple[RunDir, ResumePoint | None]:
+    """The run directory and the checkpoint ``runner.resume`` points at (None: fresh start).
+
+    Checked before any trainer is built: a fresh start must not overwrite a run.
+    """
+    run_dir = RunDir.from_config(cfg)
+    resume_path = resolve_resume(cfg, run_dir)
+    if resume_path is None and cfg.runner.resume == "none" and run_dir.has_checkpoints():
+        raise BadInput(
+            f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
+            "or choose another runner.experiment_name"
+        )
+    return run_dir, resume_path
+
+
+class ProgressBar:
+    """A rich progress bar over steps showing the latest of some headline metrics."""
+
+    def __init__(self, total: int, start: int, enabled: bool, console, label: str, shown: dict[str, str], info: str):
+        self.progress = None
+        self.shown = shown
+        self.fields: dict[str, str] = {}
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False,
+            )
+            self.task = self.progress.add_task(label, total=total, completed=start, info=info)
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, step: int, metrics: dict) -> None:
+        if self.progress is None:
+            return
+        for key, label in self.shown.items():
+            if key in metrics:
+                v = metrics[key]
+                self.fields[label] = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+        self.progress.update(self.task, completed=step, info="  ".join(f"{k} {v}" for k, v in self.fields.items()))
+
+
+@dataclass
+class LoopResult:
+    run_dir: Path
+    step: int  # where the run stopped
+    start_step: int  # where this invocation started (the resume point, or 0)
+    resumed_from: int | None
+    train_sec: float  # in chunks of iterations, evaluations and saves excluded
+    compile_sec: float
+    first: dict | None  # the step-0 record (None on a resumed run)
+    last_eval: dict | None  # the last evaluation's metrics
+
+
+class HostLoop:
+    """Runs ``trainer`` under ``cfg``'s cadence; subclasses supply what their flow adds.
+
+    The trainer offers: init / start / snapshot / progress (step, bad iterations) /
+    run_eval(state, key) and whatever `run_chunk` calls.
+    """
+
+    label: ClassVar[str] = "train"  # the progress bar's
+    bar_info: ClassVar[str] = "compiling..."  # the bar's text before the first chunk
+    shown: ClassVar[dict[str, str]] = {}  # metric -> bar label
+    eval_metric: ClassVar[str] = ""  # an evaluation record always gets logged when it holds this
+    unit: ClassVar[str] = "iterations"  # what the divergence error counts
+    diverged_hint: ClassVar[str] = "Lower actor.optim.lr"
+
+    def __init__(self, cfg: Config, trainer, run_dir: RunDir, resume_path: ResumePoint | None, console=None):
+        self.cfg, self.trainer, self.run_dir, self.resume_path = cfg, trainer, run_dir, resume_path
+        self.console = console
+        self.primary = is_primary()
+        self.compile_sec = 0.0
+
+    # ------------------------------------------------------------------ what subclasses add
+    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
+        """placement.json (process 0 only); ``metrics``: the first chunk's, when it matters."""
+
+    def load_meta(self, meta: dict) -> None:
+        """A restored checkpoint's metadata (the data cursor of an LM run)."""
+
+    def checkpoint_meta(self) -> dict:
+        return {}
+
+    def compile(self, state) -> None:
+        """Compiles ahead of the first chunk (timed as ``compile_sec``); default: nothing."""
+
+    def first_record(self, state) -> dict:
+        """What is logged at step 0 of a fresh run."""
+        return {}
+
+    def run_chunk(self, state, n: int) -> tuple[Any, dict]:
+        """``n`` iterations; returns the new state and the chunk's metrics (host floats)."""
+        raise NotImplementedError
+
+    def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
+        """Adds what the runner derives from a chunk's wall time to ``metrics`` in place."""
+
+    def close(self) -> None:
+        """Releases what the trainer holds (checker processes)."""
+
+    # ------------------------------------------------------------------ the loop
+    def evaluate(self, state, step: int) -> dict:
+        t0 = time.perf_counter()
+        ev = fetch(self.trainer.run_eval(state, eval_key(self.cfg, step)))
+        out = {k: float(v) for k, v in ev.items()}
+        out["time/eval_sec"] = time.perf_counter() - t0
+        return out
+
+    def run(self) -> LoopResult:
+        cfg, trainer, run_dir = self.cfg, self.trainer, self.run_dir
+        primary = self.primary
+        state = trainer.init()
+        resumed_from = None
+        # Restore before anything is written: a bad checkpoint must leave the run dir untouched.
+        if self.resume_path is not None:
+            ckpt_dir, step = self.resume_path
+            target = checkpoint_view(trainer.snapshot(state))
+            ts, meta = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, target)
+            state = trainer.start(ts)
+            self.load_meta(meta)
+            resumed_from = trainer.progress(state)[0]
+
+        if primary:
+            run_dir.create(cfg)
+            self.write_placement(run_dir.path / "placement.json")
+        logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard, write=primary)
+        checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
+        if resumed_from is not None:
+            # What was logged or saved after the resume point belongs to a future this run rewrites.
+            logger.truncate_after(resumed_from)
+            checkpointer.delete_after(resumed_from)
+        elif cfg.runner.resume == "auto":
+            # Nothing to resume: a run that died before its first checkpoint (a restarted
+            # multi-host job) starts over, and what it logged belongs to no future.
+            logger.truncate_after(-1)
+
+        t0 = time.perf_counter()
+        self.compile(state)
+        compile_sec = self.compile_sec = time.perf_counter() - t0
+        barrier("compiled")  # hosts compile at their own pace; the first chunk runs in step
+
+        step = start_step = trainer.progress(state)[0]
+        train_sec = 0.0
+        first = last_eval = None
+        show = cfg.runner.progress_bar and primary
+        try:
+            with ProgressBar(cfg.runner.max_steps, step, show, self.console, self.label, self.shown, self.bar_info) as bar:
+                if step == 0:
+                    first = dict(self.first_record(state))
+                    if self.eval_metric in first:
+                        last_eval = first
+                    logger.log(0, first)
+                    bar.update(0, first)
+                while step < cfg.runner.max_steps:
+                    target = next_boundary(step, cfg)
+                    n = target - step
+                    t0 = time.perf_counter()
+                    state, metrics = self.run_chunk(state, n)
+                    dt = time.perf_counter() - t0
+                    train_sec += dt
+                    step_before, step = step, target
+                    final = step == cfg.runner.max_steps
+                    self.chunk_metrics(metrics, n, dt, step_before == start_step, step)
+
+                    bad = trainer.progress(state)[1]
+                    if bad >= cfg.runner.max_nonfinite_updates:
+                        logger.log(step, metrics)
+                        raise TrainingDiverged(
+                            f"{bad} {self.unit} in a row produced non-finite losses or gradients (skipped, "
+                            f"parameters untouched); stopped at step {step}. {self.diverged_hint}; the last good "
+                            f"checkpoint is in {run_dir.checkpoints}"
+                        )
+                    if due(step, cfg.runner.eval_interval, final):
+                        ev = self.evaluate(state, step)
+                        metrics.update(ev)
+                        if self.eval_metric in ev:
+                            last_eval = ev
+                    if due(step, cfg.runner.log_interval, final) or self.eval_metric in metrics:
+                        logger.log(step, metrics)
+                    if due(step, cfg.runner.save_interval, final):
+                        meta = {"step": step, **self.checkpoint_meta()}
+                        checkpointer.save(step, checkpoint_state(trainer, state), meta)
+                    bar.update(step, metrics)
+        finally:
+            logger.close()
+            self.close()
+        return LoopResult(
+            run_dir=run_dir.path,
+            step=step,
+            start_step=start_step,
+            resumed_from=resumed_from,
+            train_sec=train_sec,
+            compile_sec=compile_sec,
+            first=first,
+            last_eval=last_eval,
+        )
