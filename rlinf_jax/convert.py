@@ -1,10 +1,13 @@
-"""`python -m rlinf_jax.convert --from HF_DIR --to OUT_DIR`: Hugging Face weights -> Flax.
+"""`python -m rlinf_jax.convert --from HF_DIR --to OUT_DIR`: torch / Hugging Face weights -> Flax.
 
-Reads a local Llama / Qwen2 / Qwen3 directory (``config.json`` + safetensors, single file or
-sharded), checks every tensor against the architecture, and writes the parameters as an Orbax
-checkpoint with a copy of ``config.json`` (and the tokenizer files, when present). A trainer
-starts from the result with ``actor.model.path=OUT_DIR``; ``rlinf_jax.policies.lm.load_converted``
-reads it back. Prints one JSON line describing what was written.
+Reads a local checkpoint directory (``config.json`` + safetensors, single file or sharded)
+of any family in ``rlinf_jax.policies.convert.REGISTRY``, picked by its ``model_type``:
+language models (Llama, Qwen2, Qwen3, Gemma), vision towers (SigLIP, DINOv2 with
+registers), OpenVLA, PaliGemma and pi0. Every tensor is checked against the architecture
+and the parameters are written as an Orbax checkpoint with a copy of ``config.json`` (and
+the tokenizer files, when present). A trainer starts from the result with
+``actor.model.path=OUT_DIR``; ``rlinf_jax.policies.convert.load_converted`` reads it back.
+Prints one JSON line describing what was written.
 """
 
 from __future__ import annotations
@@ -35,18 +38,19 @@ def main(argv=None) -> int:
         import jax
         from flax import nnx
 
-        from rlinf_jax.policies.lm import convert, load_converted
+        from rlinf_jax.policies.convert import convert, load_converted, model_type_of
 
         out = convert(args.src, args.out, dtype=args.dtype)
         model = load_converted(out)
         params = jax.tree.leaves(nnx.state(model, nnx.Param))
+        model_type = model_type_of(out)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = {
         "from": args.src,
         "to": str(out),
-        "model_type": model.config.model_type,
+        "model_type": model_type,
         "params": int(sum(p.size for p in params)),
         "dtype": str(params[0].dtype),
     }

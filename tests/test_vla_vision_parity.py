@@ -145,3 +145,40 @@ def test_leftover_and_missing_keys_are_named(tmp_path):
     save_file(tensors, str(tmp_path / "a" / "model.safetensors"))
     with pytest.raises(BadInput, match=r"blocks\.2\.ls2"):
         vision.from_pretrained(tmp_path / "a")
+
+
+def test_convert_cli_handles_vision_towers(pair, tmp_path, capsys):
+    # The CLI goes through the registry: a vision tower converts like a language model.
+    import json as _json
+
+    from rlinf_jax import convert as convert_cli
+
+    kind, image, hf, path = pair
+    if image != 28:
+        pytest.skip("one image size is enough for the CLI")
+    assert convert_cli.main(["--from", str(path), "--to", str(tmp_path / "cli")]) == 0
+    summary = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["model_type"] == hf.config.model_type
+    # DINOv2's mask token only serves masked-image pretraining; the converter skips it.
+    used = {n: p for n, p in hf.named_parameters() if not n.endswith("mask_token")}
+    assert summary["params"] == sum(p.numel() for p in used.values())
+    x = pixels(image, seed=2)
+    with torch.no_grad():
+        ref = hf(pixel_values=torch.tensor(x)).last_hidden_state.numpy()
+    model = registry.load_converted(tmp_path / "cli")
+    assert np.abs(np.asarray(model(jnp.asarray(x.transpose(0, 2, 3, 1)))) - ref).max() <= TOL
+    # Converting onto it again is refused and leaves it as it was.
+    before = sorted(p.name for p in (tmp_path / "cli").iterdir())
+    assert convert_cli.main(["--from", str(path), "--to", str(tmp_path / "cli")]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == before
+
+
+def test_convert_cli_names_an_unsupported_model_type(tmp_path, capsys):
+    from rlinf_jax import convert as convert_cli
+
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    assert convert_cli.main(["--from", str(tmp_path / "bert"), "--to", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model_type='bert' has no converter" in err[0] and "openvla" in err[0]

@@ -36,7 +36,7 @@ RESUME_WORDS = ("none", "auto")
 TASKS = ("embodied", "sft", "reasoning")
 LM_TASKS = ("sft", "reasoning")
 # Kept in step with rlinf_jax.policies.lm (SUPPORTED_MODEL_TYPES, parse_dtype), for the same reason.
-LM_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LM_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma")
 LM_DTYPES = ("float32", "bfloat16")
 # Advantage estimators that compare the responses of one prompt: a group needs two of them.
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
@@ -426,6 +426,11 @@ def validate(cfg: Config) -> None:
             f"actor.model.{name}={sizes} must hold positive layer widths, e.g. [64,64]",
         )
     _require(m.min_std >= 0, f"actor.model.min_std={m.min_std} must be >= 0")
+    _require(m.kind in ("mlp", "vla"), f"actor.model.kind={m.kind!r} is unknown; choose mlp or vla")
+    for name in ("vla_patch_size", "vla_vision_hidden_size", "vla_vision_layers", "vla_vision_heads"):
+        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    _require(m.vla_n_bins >= 2, f"actor.model.vla_n_bins={m.vla_n_bins} must be >= 2")
+    _require(m.vla_temperature > 0, f"actor.model.vla_temperature={m.vla_temperature} must be > 0")
 
     nd = cfg.cluster.num_devices
     _require(

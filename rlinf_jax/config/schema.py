@@ -53,10 +53,18 @@ class EnvConfig:
     # "cached": a finished env restarts from its own first state (Brax's way, cheap);
     # "fresh": it draws a new initial state with a new key.
     reset_mode: str = "cached"
+    # tabletop (VLA): control sub-steps per action chunk, camera image size in px, and envs
+    # per group sharing one episode (GRPO's groups; 1 = every env its own episode).
+    chunk_length: int = 1
+    image_size: int = 32
+    group_size: int = 1
 
 
 @dataclass
 class PolicyConfig:
+    # Embodied runs: "mlp" (tanh-Gaussian actor + value MLP on flat observations) or "vla"
+    # (a vision-language-action model on image + instruction + proprioception).
+    kind: str = "mlp"
     policy_hidden_sizes: list[int] = field(default_factory=lambda: [32, 32, 32, 32])
     value_hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256, 256, 256])
     activation: str = "swish"
@@ -69,7 +77,7 @@ class PolicyConfig:
     # or a converted directory (config.json + params/).
     path: str = ""
     dtype: str = "float32"  # compute and storage dtype: float32 | bfloat16
-    lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3
+    lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3 | gemma
     lm_vocab_size: int = 100  # the character tokenizer's 100 ids
     lm_hidden_size: int = 256
     lm_intermediate_size: int = 688
@@ -81,6 +89,14 @@ class PolicyConfig:
     # LoRA adapters on the attention and MLP projections; 0 = full fine-tuning.
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    # kind=vla: the tiny OpenVLA-shaped policy (a SigLIP-style tower of these sizes, the
+    # lm_* Llama backbone, action chunks decoded in parallel over vla_n_bins bins per dim).
+    vla_patch_size: int = 8
+    vla_vision_hidden_size: int = 64
+    vla_vision_layers: int = 2
+    vla_vision_heads: int = 2
+    vla_n_bins: int = 256
+    vla_temperature: float = 1.0
 
 
 @dataclass
@@ -247,6 +263,8 @@ class SFTConfig:
     lr: float = 1.0e-3
     batch_size: int = 64
     train_levels: list[int] = field(default_factory=list)
+    # actor.model.kind=vla: scripted-expert episodes behaviour-cloned before RL.
+    num_demos: int = 64
 
 
 @dataclass

@@ -24,7 +24,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.base import Env, EnvState
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies import mlp
+from rlinf_jax.policies.embodied import embodied_policy
 from rlinf_jax.rollout import Transition, evaluate_policy, unroll
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
 from rlinf_jax.sharding.mesh import fetch, put
@@ -43,7 +43,23 @@ class TrainState:
 
 
 # Metrics summed over a chunk and reported as ratios of two sums, not as means.
-_EPISODE_SUMS = ("env/return_sum", "env/length_sum", "env/episodes")
+# Outcome advantages over groups of episodes sharing a reset (see `_check_groups`).
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+
+_EPISODE_SUMS = ("env/return_sum", "env/length_sum", "env/success_sum", "env/episodes")
+
+
+def _split_eval_envs(cfg: Config) -> dict[str, Env]:
+    """One eval env per split of a benchmark that has them (the tabletop: train, vision,
+    semantic, execution), else none."""
+    if cfg.env.suite != "tabletop":
+        return {}
+    import dataclasses
+
+    from rlinf_jax.envs import make_eval_env
+    from rlinf_jax.envs.tabletop import SPLITS
+
+    return {split: make_eval_env(dataclasses.replace(cfg.env, name=split)) for split in SPLITS}
 
 
 def _finite(tree) -> jax.Array:
@@ -59,6 +75,7 @@ class PPOTrainer:
 
     def __init__(self, cfg: Config, env: Env, eval_env: Env, mesh):
         self.cfg, self.env, self.eval_env, self.mesh = cfg, env, eval_env, mesh
+        self.split_eval_envs = _split_eval_envs(cfg)
         alg = cfg.algorithm
         num_devices = batch_divisor(mesh)
         if env.num_envs % num_devices:
@@ -78,22 +95,22 @@ class PPOTrainer:
                 f"algorithm.num_minibatches={alg.num_minibatches}"
             )
         self.minibatch_size = self.batch_size // alg.num_minibatches
-        self.env_steps_per_iteration = self.batch_size * cfg.env.action_repeat
+        # Simulator steps per policy step: repeated actions, or the sub-steps of a chunk.
+        self.substeps = cfg.env.action_repeat * int(getattr(env.unwrapped, "chunk_length", 1))
+        self.env_steps_per_iteration = self.batch_size * self.substeps
+        self.has_success = "success" in jax.eval_shape(env.reset, jax.random.PRNGKey(0)).info
         self.rules = rules_from_config(cfg.cluster.partition_rules)
         self.advantage_fn = get_advantage(alg.adv_type)
+        self.group_size = self._check_groups(cfg, env)
         self.policy_loss_fn = get_policy_loss(alg.loss_type)
 
-        m = cfg.actor.model
-        model = mlp.ActorCritic(
-            env.observation_size,
-            env.action_size,
-            m.policy_hidden_sizes,
-            m.value_hidden_sizes,
-            m.activation,
-            m.min_std,
-            m.init_log_std,
-            rngs=nnx.Rngs(cfg.runner.seed),
-        )
+        self.policy = embodied_policy(cfg, env)
+        if alg.normalize_observations and not self.policy.normalizable_observations:
+            raise BadInput(
+                f"algorithm.normalize_observations=true but actor.model.kind={cfg.actor.model.kind} takes "
+                "structured observations; set algorithm.normalize_observations=false"
+            )
+        model = self.policy.build(nnx.Rngs(cfg.runner.seed))
         self.graphdef, self._init_params = nnx.split(model)
         self.tx = self._make_optimizer()
 
@@ -113,16 +130,32 @@ class PPOTrainer:
         env_state = jax.jit(self.env.reset)(reset_key)
         # Fresh buffers: the chunk donates its state, and init() may be called again.
         params = jax.tree.map(jnp.copy, self._init_params)
+        if self.cfg.sft.warm_start_steps > 0 and self.cfg.actor.model.kind == "vla":
+            params = self._warm_start(params)
         ts = TrainState(
             params=params,
             opt_state=self.tx.init(params),
-            obs_stats=normalization.init_stats(self.env.observation_size),
+            obs_stats=normalization.init_stats(self._stats_size()),
             env_state=env_state,
             key=key,
             step=jnp.zeros((), jnp.int32),
             bad_iterations=jnp.zeros((), jnp.int32),
         )
         return self.place(ts)
+
+    def _warm_start(self, params):
+        """Behaviour cloning from the scripted expert (see `flow.vla_bc`), once per run."""
+        from rlinf_jax.flow import vla_bc
+
+        if getattr(self, "_warm_params", None) is None:
+            sft, seed = self.cfg.sft, self.cfg.runner.seed
+            data = vla_bc.expert_demos(self.env, sft.num_demos, seed)
+            self._warm_params, loss, acc = vla_bc.behaviour_clone(
+                self.policy, self.graphdef, params, data,
+                steps=sft.warm_start_steps, lr=sft.lr, batch_size=sft.batch_size, seed=seed, log=print,
+            )
+            self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/bin_accuracy": float(acc[-1])}
+        return jax.tree.map(jnp.copy, self._warm_params)
 
     def place(self, ts: TrainState) -> TrainState:
         """Splits the env batch over the batch axes, lays parameters and optimiser state
@@ -136,7 +169,33 @@ class PPOTrainer:
             params=params, opt_state=opt_state, env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs)
         )
 
-    def model(self, params) -> mlp.ActorCritic:
+    def _check_groups(self, cfg: Config, env: Env) -> int:
+        """Group advantages (GRPO and kin) on an env: every env runs exactly one episode per
+        iteration, and the ``env.group_size`` envs of a group share its reset, so an episode's
+        return is compared with its group's. 0 when the estimator is GAE-like."""
+        alg = cfg.algorithm
+        if alg.adv_type not in GROUP_ADVANTAGES:
+            return 0
+        g = cfg.env.group_size
+        if g < 2 or env.num_envs % g:
+            raise BadInput(
+                f"algorithm.adv_type={alg.adv_type} compares episodes within groups: set env.group_size >= 2 "
+                f"dividing env.num_envs={env.num_envs} (got {g})"
+            )
+        if alg.rollout_length * self.substeps != cfg.env.episode_length or cfg.env.reset_mode != "fresh":
+            raise BadInput(
+                f"algorithm.adv_type={alg.adv_type} needs one whole episode per env per iteration: set "
+                f"algorithm.rollout_length x sub-steps per step ({alg.rollout_length} x {self.substeps}) equal to "
+                f"env.episode_length={cfg.env.episode_length}, and env.reset_mode=fresh"
+            )
+        return g
+
+    def _stats_size(self) -> int:
+        # Structured observations are never normalised; a one-element placeholder keeps
+        # the state's shape the same for every policy.
+        return self.env.observation_size if self.policy.normalizable_observations else 1
+
+    def model(self, params) -> nnx.Module:
         return nnx.merge(self.graphdef, params)
 
     def normalize(self, stats, obs):
@@ -156,7 +215,7 @@ class PPOTrainer:
     def policy_fn(self, params, stats):
         """``(obs, per-env keys) -> (action, raw_action, logprob)``: what the rollout runs."""
         model = self.model(params)
-        return lambda obs, keys: mlp.act(model, self.normalize(stats, obs), keys)
+        return lambda obs, keys: self.policy.act(model, self.normalize(stats, obs), keys)
 
     def learn(self, ts: TrainState, traj: Transition, last_obs, update_key):
         """The actor's half of an iteration: values, advantages, PPO epochs, statistics.
@@ -193,6 +252,7 @@ class PPOTrainer:
             "rollout/truncation_rate": jnp.sum(traj.truncated) / jnp.maximum(jnp.sum(done), 1.0),
             "env/return_sum": jnp.sum(traj.episode_return * done),
             "env/length_sum": jnp.sum(traj.episode_length * done),
+            "env/success_sum": jnp.sum(traj.episode_success * done),
             "env/episodes": jnp.sum(done),
         }
         return ts, metrics
@@ -200,8 +260,15 @@ class PPOTrainer:
     def _advantages(self, model, stats, traj: Transition, last_obs):
         alg = self.cfg.algorithm
         T, B = traj.reward.shape
-        obs = jnp.concatenate([traj.obs.reshape(T * B, -1), last_obs])
-        v = model.critic(self.normalize(stats, obs))
+        if self.group_size:
+            # One episode per env: its return against its group's (no critic involved).
+            episode_return = jnp.sum(traj.reward * alg.reward_scale, axis=0)
+            adv = self.advantage_fn(episode_return, self.group_size)
+            zeros = jnp.zeros((T, B), traj.reward.dtype)
+            return zeros + adv[None], zeros + episode_return[None], zeros
+        flat = lambda tree: jax.tree.map(lambda x: x.reshape(T * B, *x.shape[2:]), tree)  # noqa: E731
+        obs = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), flat(traj.obs), last_obs)
+        v = self.policy.critic(model, self.normalize(stats, obs))
         values, last_value = v[: T * B].reshape(T, B), v[T * B :]
         truncations = final_values = None
         if alg.bootstrap_on_truncation:
@@ -210,8 +277,8 @@ class PPOTrainer:
             # the final observations only in iterations that have one.
             final_values = jax.lax.cond(
                 jnp.any(truncations > 0),
-                lambda o: model.critic(self.normalize(stats, o.reshape(T * B, -1))).reshape(T, B),
-                lambda o: jnp.zeros((T, B), o.dtype),
+                lambda o: self.policy.critic(model, self.normalize(stats, flat(o))).reshape(T, B),
+                lambda o: jnp.zeros((T, B), traj.reward.dtype),
                 traj.final_obs,
             )
         rewards = traj.reward * alg.reward_scale
@@ -224,7 +291,7 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         model = self.model(params)
         obs = self.normalize(stats, batch["obs"])
-        logprob, entropy, value = mlp.evaluate_actions(model, obs, batch["raw_action"], key)
+        logprob, entropy, value = self.policy.evaluate_actions(model, obs, batch["raw_action"], key)
         adv = batch["advantage"]
         if alg.normalize_advantages:
             adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
@@ -314,7 +381,9 @@ class PPOTrainer:
         episodes = sums["env/episodes"]
         if episodes > 0:
             out["env/return"] = sums["env/return_sum"] / episodes
-            out["env/episode_length"] = sums["env/length_sum"] / episodes * self.cfg.env.action_repeat
+            out["env/episode_length"] = sums["env/length_sum"] / episodes * self.substeps
+            if self.has_success:
+                out["env/success"] = sums["env/success_sum"] / episodes
         out["env/episodes"] = episodes
         return out
 
@@ -350,7 +419,7 @@ class PPOTrainer:
         model = self.model(params)
 
         def policy(obs):
-            return mlp.act_deterministic(model, self.normalize(stats, obs))
+            return self.policy.act_deterministic(model, self.normalize(stats, obs))
 
         def place(state):
             bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())
@@ -358,9 +427,19 @@ class PPOTrainer:
                 lambda x: jax.lax.with_sharding_constraint(x, bs if x.ndim else rep), state
             )
 
-        ret, length = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length, place)
-        return {
+        ret, length, success = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length, place)
+        out = {
             "eval/return": jnp.mean(ret),
             "eval/return_std": jnp.std(ret),
-            "eval/episode_length": jnp.mean(length) * self.cfg.env.action_repeat,
+            "eval/episode_length": jnp.mean(length) * self.substeps,
         }
+        if self.has_success:
+            out["eval/success"] = jnp.mean(success)
+        # Benchmarks with out-of-distribution splits report each one (ManiSkill-style).
+        for split, env in self.split_eval_envs.items():
+            if split == self.cfg.env.name:
+                split_success = success  # the main eval env already ran this split
+            else:
+                _, _, split_success = evaluate_policy(env, policy, key, self.cfg.env.episode_length, place)
+            out[f"eval/success/{split}"] = jnp.mean(split_success)
+        return out

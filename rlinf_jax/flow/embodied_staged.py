@@ -131,7 +131,7 @@ class StagedPPO:
             jax.jit(
                 lambda trajs, last: (
                     jax.tree.map(lambda *a: jnp.concatenate(a, axis=1), *trajs),
-                    jnp.concatenate(last, axis=0),
+                    jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *last),
                 ),
                 out_shardings=(traj_sharding, obs_sharding),
             ),

@@ -30,6 +30,8 @@ class Transition:
     # Finished-episode statistics, valid where done.
     episode_return: jax.Array
     episode_length: jax.Array
+    # 1 where a finished episode reached the env's success condition (0 for envs without one).
+    episode_success: jax.Array
 
 
 def env_keys(step_key: jax.Array, num_envs: int, first_env: int = 0) -> jax.Array:
@@ -60,6 +62,7 @@ def env_step(env: Env, state: EnvState, action: jax.Array, raw, logprob) -> tupl
         final_obs=info.get("final_obs", nxt.obs),
         episode_return=info.get("episode_return", jnp.zeros_like(nxt.reward)),
         episode_length=info.get("episode_length", jnp.zeros_like(nxt.reward)),
+        episode_success=info.get("episode_success", jnp.zeros_like(nxt.reward)),
     )
 
 
@@ -89,7 +92,9 @@ def evaluate_policy(
     max_steps: int,
     place: Callable[[EnvState], EnvState] = lambda s: s,
 ):
-    """Runs one episode in every env (no auto-reset) and returns per-env (return, length).
+    """Runs one episode in every env (no auto-reset) and returns per-env (return, length,
+    success), success being 1 where ``info["success"]`` was reached at some step (0 for
+    envs without one).
 
     A `while_loop` stops as soon as every episode is over, so early failures are cheap.
     ``place`` pins the initial state's layout (e.g. shards the env batch over devices).
@@ -98,16 +103,19 @@ def evaluate_policy(
     zeros = jnp.zeros_like(state.reward)
 
     def cond(carry):
-        _, _, alive, _, t = carry
+        _, _, alive, _, _, t = carry
         return (t < max_steps) & jnp.any(alive > 0)
 
     def body(carry):
-        state, ret, alive, length, t = carry
+        state, ret, alive, length, success, t = carry
         state = env.step(state, policy(state.obs))
         ret = ret + state.reward * alive
         length = length + alive
+        reached = (state.info["success"] > 0).astype(ret.dtype) if "success" in state.info else zeros
+        success = jnp.maximum(success, reached * alive)
         alive = alive * (1.0 - state.done)
-        return state, ret, alive, length, t + 1
+        return state, ret, alive, length, success, t + 1
 
-    _, ret, _, length, _ = jax.lax.while_loop(cond, body, (state, zeros, zeros + 1.0, zeros, 0))
-    return ret, length
+    init = (state, zeros, zeros + 1.0, zeros, zeros, 0)
+    _, ret, _, length, success, _ = jax.lax.while_loop(cond, body, init)
+    return ret, length, success

@@ -154,16 +154,17 @@ class TabletopEnv:
     def reset(self, key: jax.Array) -> EnvState:
         return self.reset_to(self.sample_episode_ids(key))
 
-    def _chunk(self, action: jax.Array) -> jax.Array:
+    def _chunk(self, action: jax.Array, batch: int) -> jax.Array:
+        # ``batch`` is the state's, not num_envs: a pipelined runner steps micro-batches.
         action = jnp.asarray(action, jnp.float32)
-        b, k = self.num_envs, self.chunk_length
+        b, k = batch, self.chunk_length
         if action.shape == (b, self.action_size) and k == 1:
             return action[:, None]
         if action.shape != (b, k, self.action_size):
             raise BadInput(
-                f"tabletop action must have shape [num_envs, chunk_length, 7] = [{b}, {k}, 7], got {list(action.shape)}"
+                f"tabletop action must have shape [batch, chunk_length, 7] = [{b}, {k}, 7], got {list(action.shape)}"
             )
         return action
 
     def step(self, state: EnvState, action: jax.Array) -> EnvState:
-        return jax.vmap(self.step_one)(state, self._chunk(action))
+        return jax.vmap(self.step_one)(state, self._chunk(action, state.reward.shape[0]))

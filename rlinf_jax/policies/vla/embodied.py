@@ -1,0 +1,168 @@
+"""A VLA policy for the embodied PPO / GRPO trainer: OpenVLA's backbone decoding a whole
+action chunk in parallel through bidirectional action slots (the OFT way), with discrete
+action bins.
+
+One forward pass per env step: ``[BOS, image patches, instruction, action slots]`` runs
+through the Llama backbone; each of the ``chunk_length x 7`` slots reads every prompt token
+and every other slot, and its logits over the action bins give one action dimension.
+Autoregressive decoding would cost ``chunk_length x 7`` cached passes per step, which is
+what makes OpenVLA slow to fine-tune with RL; the parallel form keeps the same discrete
+action space and log-probs (summed over the chunk, RLinf's chunk level) at one pass.
+
+The stored action is the chunk of bin indices ``[B, chunk x 7]`` (int32); the env gets bin
+centres in [-1, 1] shaped ``[B, chunk, 7]``. Proprioception enters as one projected token
+after the patches, so the gripper state the camera cannot see is known to the policy.
+The value head reads the mean hidden state of the action slots.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm import LMConfig
+from rlinf_jax.policies.lm.config import RopeConfig
+from rlinf_jax.policies.vla.openvla import OpenVLA, OpenVLAConfig
+from rlinf_jax.policies.vla.vit import ViTConfig
+
+
+def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig:
+    """An OpenVLA-shaped model of the sizes ``actor.model`` names: one SigLIP-style tower,
+    a Llama backbone whose vocabulary is the instruction words plus the action bins."""
+    m = model_cfg
+    if image_size % m.vla_patch_size:
+        raise BadInput(
+            f"actor.model.vla_patch_size={m.vla_patch_size} does not divide the env's {image_size} px images"
+        )
+    vision = ViTConfig(
+        model_type="siglip_vision_model",
+        hidden_size=m.vla_vision_hidden_size,
+        intermediate_size=4 * m.vla_vision_hidden_size,
+        num_layers=m.vla_vision_layers,
+        num_heads=m.vla_vision_heads,
+        image_size=image_size,
+        patch_size=m.vla_patch_size,
+        gelu_approximate=True,
+        final_norm=False,
+    )
+    head_dim = m.lm_hidden_size // m.lm_num_heads
+    text = LMConfig(
+        model_type="llama",
+        vocab_size=text_vocab + m.vla_n_bins,
+        hidden_size=m.lm_hidden_size,
+        intermediate_size=m.lm_intermediate_size,
+        num_layers=m.lm_num_layers,
+        num_heads=m.lm_num_heads,
+        num_kv_heads=m.lm_num_kv_heads,
+        head_dim=head_dim,
+        rope=RopeConfig(),
+        max_position_embeddings=m.lm_max_position_embeddings,
+    )
+    return OpenVLAConfig(
+        vision=(vision,),
+        vision_depths=(m.vla_vision_layers,),
+        text=text,
+        n_action_bins=m.vla_n_bins,
+        action_vocab_end=text_vocab + m.vla_n_bins,
+    )
+
+
+class ChunkActorCritic(nnx.Module):
+    """OpenVLA + learned action-slot queries + a proprioception token + a value MLP."""
+
+    def __init__(self, config: OpenVLAConfig, num_slots: int, proprio_size: int, *, rngs: nnx.Rngs):
+        d = config.text.hidden_size
+        self.vla = OpenVLA(config, rngs=rngs)
+        init = nnx.initializers.normal(0.02)
+        self.slots = nnx.Param(init(rngs.params(), (num_slots, d)))
+        self.proprio = nnx.Linear(proprio_size, d, rngs=rngs)
+        self.value = nnx.Sequential(nnx.Linear(d, d, rngs=rngs), jax.nn.tanh, nnx.Linear(d, 1, rngs=rngs))
+
+    def __call__(self, obs) -> tuple[jax.Array, jax.Array]:
+        """Restricted action logits ``[B, slots, n_bins]`` and values ``[B]``."""
+        tokens = obs["tokens"].astype(jnp.int32)
+        pixels = obs["image"].astype(jnp.float32)
+        if obs["image"].dtype == jnp.uint8:
+            pixels = pixels / 255.0
+        pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
+        B = tokens.shape[0]
+        valid = tokens != 0  # the instruction vocabulary pads with id 0, on the right
+        embeds, mask = self.vla.multimodal_inputs(tokens, valid, pixels)
+        A = self.slots.shape[0]
+        proprio = self.proprio(obs["proprio"].astype(jnp.float32))[:, None]
+        slots = jnp.broadcast_to(self.slots[...][None], (B, A, embeds.shape[-1]))
+        embeds = jnp.concatenate([proprio.astype(embeds.dtype), embeds, slots.astype(embeds.dtype)], axis=1)
+        mask = jnp.concatenate([jnp.ones((B, 1), bool), mask, jnp.ones((B, A), bool)], axis=1)
+        S = embeds.shape[1]
+        # Prompt rows causal; slot rows see the whole prompt and every slot.
+        causal = jnp.tril(jnp.ones((S, S), bool))
+        is_slot = jnp.arange(S) >= S - A
+        full = causal | is_slot[:, None]
+        hidden = self.vla.llm.hidden_states(
+            attention_mask=mask, inputs_embeds=embeds, mask=jnp.broadcast_to(full, (B, S, S))
+        )
+        h = hidden[:, S - A :]
+        logits = self.vla.config.tokenizer.restrict(self.vla.llm.logits(h))
+        value = self.value(jnp.mean(h, axis=1))[:, 0]
+        return logits, value
+
+
+class ChunkVLAPolicy:
+    """`EmbodiedPolicy` over `ChunkActorCritic` (see the module docstring)."""
+
+    normalizable_observations = False
+
+    def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
+        self.config = tiny_openvla_config(model_cfg, image_size, text_vocab)
+        self.chunk_length, self.action_size, self.proprio_size = chunk_length, action_size, proprio_size
+        self.num_slots = chunk_length * action_size
+        self.temperature = float(model_cfg.vla_temperature)
+        self.tokenizer = self.config.tokenizer
+
+    def build(self, rngs: nnx.Rngs) -> ChunkActorCritic:
+        return ChunkActorCritic(self.config, self.num_slots, self.proprio_size, rngs=rngs)
+
+    def env_action(self, bins: jax.Array) -> jax.Array:
+        """Bin indices ``[B, slots]`` -> bin centres ``[B, chunk, 7]`` in [-1, 1]."""
+        return self.tokenizer.decode(self.tokenizer.first_id + bins).reshape(bins.shape[0], self.chunk_length, self.action_size)
+
+    def _logp(self, logits):
+        return jax.nn.log_softmax(logits.astype(jnp.float32) / self.temperature, axis=-1)
+
+    def act(self, model, obs, keys):
+        logits, _ = model(obs)
+        logp = self._logp(logits)
+        bins = jax.vmap(lambda k, lp: jax.random.categorical(k, lp, axis=-1))(keys, logp).astype(jnp.int32)
+        chunk_lp = jnp.sum(jnp.take_along_axis(logp, bins[..., None], axis=-1)[..., 0], axis=-1)
+        return self.env_action(bins), bins, chunk_lp
+
+    def act_deterministic(self, model, obs):
+        logits, _ = model(obs)
+        return self.env_action(jnp.argmax(logits, axis=-1).astype(jnp.int32))
+
+    def evaluate_actions(self, model, obs, stored_action, key):
+        del key  # the entropy of a categorical is exact
+        logits, value = model(obs)
+        logp = self._logp(logits)
+        token_lp = jnp.take_along_axis(logp, stored_action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+        return jnp.sum(token_lp, axis=-1), jnp.sum(entropy, axis=-1), value
+
+    def critic(self, model, obs):
+        return model(obs)[1]
+
+
+def vla_policy(cfg, env) -> ChunkVLAPolicy:
+    shapes = getattr(env, "observation_shapes", None) or getattr(env.unwrapped, "observation_shapes", None)
+    if not isinstance(shapes, dict) or not {"image", "tokens", "proprio"} <= set(shapes):
+        raise BadInput(
+            f"actor.model.kind=vla needs an env with image, tokens and proprio observations; "
+            f"env.suite={cfg.env.suite} has none (use env.suite=tabletop)"
+        )
+    from rlinf_jax.envs.tabletop import vocab_size
+
+    image_size = shapes["image"][0]
+    chunk = int(getattr(env.unwrapped, "chunk_length", 1))
+    return ChunkVLAPolicy(cfg.actor.model, image_size, vocab_size(), chunk, env.action_size, shapes["proprio"][0])

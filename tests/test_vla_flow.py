@@ -1,0 +1,218 @@
+"""The VLA policy on the embodied flow: chunk log-probs against a per-slot reference,
+bidirectional action slots, GRPO's group advantages against a naive loop, behaviour cloning,
+and one PPO iteration giving the same numbers collocated and disaggregated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlinf_jax.config import load_config
+from rlinf_jax.envs import make_env, make_eval_env
+from rlinf_jax.errors import BadInput
+
+# A VLA small enough to compile in seconds: 16 px images (4 patches), one-layer tower and
+# backbone, 8 bins, chunks of 2 sub-steps, 4-sub-step episodes.
+TINY_VLA = [
+    "env.num_envs=4",
+    "env.num_eval_envs=4",
+    "env.image_size=16",
+    "env.chunk_length=2",
+    "env.episode_length=4",
+    "algorithm.rollout_length=2",
+    "algorithm.num_minibatches=2",
+    "algorithm.update_epochs=1",
+    "actor.model.vla_patch_size=8",
+    "actor.model.vla_vision_hidden_size=16",
+    "actor.model.vla_vision_layers=1",
+    "actor.model.vla_vision_heads=1",
+    "actor.model.lm_hidden_size=32",
+    "actor.model.lm_intermediate_size=64",
+    "actor.model.lm_num_layers=1",
+    "actor.model.lm_num_heads=2",
+    "actor.model.lm_num_kv_heads=1",
+    "actor.model.vla_n_bins=8",
+    "sft.warm_start_steps=0",
+    "runner.progress_bar=false",
+]
+
+
+def _policy(*extra):
+    from rlinf_jax.policies.embodied import embodied_policy
+
+    cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, *extra])
+    env = make_env(cfg.env)
+    policy = embodied_policy(cfg, env)
+    return cfg, policy, policy.build(nnx.Rngs(0))
+
+
+def _obs(batch=3, seed=0):
+    from rlinf_jax.envs.tabletop import encode_instruction
+
+    rng = np.random.default_rng(seed)
+    words = ["put the red cube on the blue pad", "put the green ball on the yellow pad", "put the cube on the pad"]
+    return {
+        "image": jnp.asarray(rng.integers(0, 256, (batch, 16, 16, 3)), jnp.uint8),
+        "tokens": jnp.asarray(np.stack([encode_instruction(words[i % 3]) for i in range(batch)])),
+        "proprio": jnp.asarray(rng.normal(size=(batch, 4)), jnp.float32),
+    }
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
+    cfg, policy, model = _policy()
+    obs = _obs()
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    action, bins, logprob = policy.act(model, obs, keys)
+    logits, value = model(obs)
+    assert logits.shape == (3, 2 * 7, 8) and value.shape == (3,)
+    assert action.shape == (3, 2, 7) and bins.dtype == jnp.int32
+
+    # Reference: every slot is its own categorical over the bins; the chunk's log-prob is
+    # the sum over slots, its entropy likewise.
+    lp = _log_softmax(logits)
+    b = np.asarray(bins)
+    ref_logprob = np.array([sum(lp[i, s, b[i, s]] for s in range(14)) for i in range(3)])
+    ref_entropy = -(np.exp(lp) * lp).sum(-1).sum(-1)
+    np.testing.assert_allclose(np.asarray(logprob), ref_logprob, rtol=1e-5, atol=1e-5)
+    again, entropy, value2 = policy.evaluate_actions(model, obs, bins, None)
+    np.testing.assert_allclose(np.asarray(again), ref_logprob, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(entropy), ref_entropy, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(value2), np.asarray(value), rtol=1e-6)
+
+    # Bin b of n is OpenVLA's token vocab_end - (n - b): centre of the (n-1-b)-th interval
+    # of linspace(-1, 1, n), the two end bins sharing the end centres.
+    edges = np.linspace(-1, 1, 8)
+    centres = (edges[:-1] + edges[1:]) / 2
+    expected = centres[np.clip(8 - b - 1, 0, 6)].reshape(3, 2, 7)
+    np.testing.assert_allclose(np.asarray(action), expected, rtol=1e-6)
+    greedy = policy.act_deterministic(model, obs)
+    np.testing.assert_allclose(
+        np.asarray(greedy), centres[np.clip(8 - np.argmax(np.asarray(logits), -1) - 1, 0, 6)].reshape(3, 2, 7)
+    )
+
+
+def test_action_slots_read_each_other_and_the_instruction():
+    _, _, model = _policy()
+    obs = _obs()
+    logits, _ = model(obs)
+    # Bidirectional slots: moving the last slot's query moves the first slot's logits.
+    model.slots[...] = model.slots[...].at[-1].add(1.0)
+    moved, _ = model(obs)
+    assert float(jnp.abs(moved[:, 0] - logits[:, 0]).max()) > 1e-4
+    # The instruction reaches the slots: a different instruction, different logits.
+    other = dict(obs, tokens=obs["tokens"][::-1])
+    flipped, _ = model(other)
+    assert float(jnp.abs(flipped[0] - moved[2]).max()) > 1e-4 or float(jnp.abs(flipped[0] - moved[0]).max()) > 1e-4
+
+
+def test_group_advantages_compare_each_episode_with_its_group():
+    from rlinf_jax.flow.embodied_ppo import PPOTrainer
+    from rlinf_jax.sharding import data_mesh
+
+    cfg = load_config(
+        "grpo_vla_tabletop", [*TINY_VLA, "env.num_envs=8", "env.group_size=4", "algorithm.reward_scale=2.0"]
+    )
+    env, eval_env = make_env(cfg.env), make_eval_env(cfg.env)
+    trainer = PPOTrainer(cfg, env, eval_env, data_mesh(1))
+    rewards = np.random.default_rng(3).normal(size=(2, 8)).astype(np.float32)
+    rewards[:, 4:] = 1.0  # the second group's episodes are all equal: zero advantages
+    adv, ret, _ = trainer._advantages(None, None, SimpleNamespace(reward=jnp.asarray(rewards)), None)
+    totals = 2.0 * rewards.sum(0)
+    expected = np.zeros(8)
+    for g in range(2):
+        r = totals[4 * g : 4 * g + 4]
+        if np.ptp(r) > 0:
+            expected[4 * g : 4 * g + 4] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(np.asarray(adv), np.broadcast_to(expected, (2, 8)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ret), np.broadcast_to(totals, (2, 8)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("env.group_size=1", "set env.group_size >= 2"),
+        ("algorithm.rollout_length=1", "one whole episode per env per iteration"),
+    ],
+)
+def test_group_advantages_refuse_settings_without_whole_grouped_episodes(override, fragment):
+    from rlinf_jax.flow.embodied_ppo import PPOTrainer
+    from rlinf_jax.sharding import data_mesh
+
+    cfg = load_config("grpo_vla_tabletop", [*TINY_VLA, override])
+    with pytest.raises(BadInput, match=fragment):
+        PPOTrainer(cfg, make_env(cfg.env), make_eval_env(cfg.env), data_mesh(1))
+
+
+def test_behaviour_cloning_fits_the_expert_bins():
+    from rlinf_jax.flow.vla_bc import behaviour_clone, expert_bins
+
+    _, policy, model = _policy()
+    graphdef, params = nnx.split(model)
+    obs = _obs(batch=24, seed=5)
+    # An "expert" whose chunk is a fixed function of proprioception and instruction.
+    p = np.asarray(obs["proprio"])
+    actions = np.tanh(np.stack([p[:, [0, 1, 2, 3, 0, 1, 2]], -p[:, [3, 2, 1, 0, 3, 2, 1]]], axis=1))
+    data = {**{k: np.asarray(v) for k, v in obs.items()}, "action": actions.astype(np.float32)}
+    bins = expert_bins(policy, data["action"])
+    assert bins.shape == (24, 14) and bins.min() >= 0 and bins.max() < 8
+    # The bins decode back to the centre nearest each action (within half a bin width).
+    centres = np.asarray(policy.env_action(jnp.asarray(bins))).reshape(24, 14)
+    assert np.abs(centres - actions.reshape(24, 14)).max() <= (2 / 7) / 2 + 1e-6 + 2 / 7
+    new, loss, acc = behaviour_clone(policy, graphdef, params, data, steps=80, lr=3e-3, batch_size=24, seed=0)
+    assert loss[-1] < 0.5 * loss[0], (loss[0], loss[-1])
+    assert acc[-1] > 0.6, acc[-1]
+    fitted = nnx.merge(graphdef, new)
+    logits, _ = fitted(obs)
+    assert np.mean(np.argmax(np.asarray(logits), -1) == bins) > 0.6
+
+
+_MODES = r"""
+import json, sys, jax
+import jax.numpy as jnp
+from rlinf_jax.config import load_config
+from rlinf_jax.flow.embodied_runner import build_trainer
+
+out = {}
+for name, extra in {"fused": ["flow.runner=fused"],
+                    "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"]}.items():
+    trainer = build_trainer(load_config("ppo_vla_tabletop", sys.argv[1:] + extra))
+    state = trainer.init()
+    state, sums = trainer.run_iterations(state, 1) if name != "fused" else trainer.run_chunk(state, jnp.int32(1))
+    snap = jax.device_get(trainer.snapshot(state))
+    out[name] = {"metrics": trainer.summarize(sums, 1),
+                 "params": [x.ravel()[:64].tolist() for x in jax.tree.leaves(snap.params)]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_vla_ppo_iteration_is_the_same_collocated_and_disaggregated():
+    proc = subprocess.run(
+        [sys.executable, "-c", _MODES, *TINY_VLA],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref, got = out["fused"], out["disaggregated"]
+    for key, value in ref["metrics"].items():
+        np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=key)
+    for a, b in zip(got["params"], ref["params"]):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
