@@ -187,8 +187,8 @@ def test_render_paints_object_pad_and_gripper_where_they_project(render_env):
         np.testing.assert_array_equal(moved[b, rc[1, 0], rc[1, 1]], to_u8(catalog.OBJECT_RGB[spec.distractor[b]]))
         np.testing.assert_array_equal(moved[b, rc[2, 0], rc[2, 1]], to_u8(catalog.PAD_RGB[spec.target[b]]))
         np.testing.assert_array_equal(moved[b, rc[3, 0], rc[3, 1]], to_u8(catalog.EE_CLOSED_RGB))
-        # the top row looks past the table onto the floor of the episode's background
-        np.testing.assert_array_equal(moved[b, 0, 16], to_u8(catalog.FLOOR_RGB[spec.background[b]]))
+        # the top row looks past the table and the floor: the wall of the episode's background
+        np.testing.assert_array_equal(moved[b, 0, 16], to_u8(catalog.WALL_RGB[spec.background[b]]))
         # moving the gripper changed only pixels near where it was and where it went
         changed = np.argwhere((moved[b] != img[b]).any(-1))
         was = _project(spec.ee_init[b][None], 32)[0]

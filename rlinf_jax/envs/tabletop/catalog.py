@@ -89,8 +89,8 @@ FLOOR_RGB = np.array([b[0] for b in BACKGROUNDS], np.float32)
 WALL_RGB = np.array([b[1] for b in BACKGROUNDS], np.float32)
 
 # The gripper's colour says whether it is closed.
-EE_OPEN_RGB = np.array((0.85, 0.85, 0.85), np.float32)
-EE_CLOSED_RGB = np.array((0.25, 0.25, 0.28), np.float32)
+EE_OPEN_RGB = np.array((0.82, 0.82, 0.88), np.float32)
+EE_CLOSED_RGB = np.array((0.16, 0.16, 0.2), np.float32)
 
 TEMPLATES = (
     # training

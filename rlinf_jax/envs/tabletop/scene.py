@@ -44,7 +44,7 @@ PARK = np.array([3.0, 0.0], np.float32)  # where unused objects wait, far outsid
 # The end effector's reach (a box the commanded position is clipped to).
 EE_LOW = np.array([-0.3, -0.26, 0.0], np.float32)
 EE_HIGH = np.array([0.3, 0.26, 0.35], np.float32)
-EE_RADIUS = 0.014
+EE_RADIUS = 0.018  # visual only: contacts are off
 
 # The fixed camera: position, point looked at, vertical field of view (degrees). Kept as
 # plain numbers so a test can project points with its own pinhole model.
@@ -97,7 +97,7 @@ def scene_xml() -> str:
     <material name="plain" rgba="0.5 0.5 0.5 1"/>
   </asset>
   <worldbody>
-    <geom name="floor" type="plane" pos="0 0 {FLOOR_Z}" size="4 4 0.1" material="plain"/>
+    <geom name="floor" type="plane" pos="0 0 {FLOOR_Z}" size="2 2 0.1" material="plain"/>
     <geom name="table" type="box" pos="0 0 -0.02" size="{tx} {ty} 0.02" material="plain"/>{pads}{objects}
     <body name="ee" gravcomp="1">
       <joint name="ee_x" type="slide" axis="1 0 0"/>
