@@ -13,8 +13,10 @@ devices and times ``--iterations`` training iterations after a warm-up:
 * ``auto``: `cluster.component_placement=auto`'s choice, with its predicted throughput
   next to the one then measured.
 
-The workload: an MJX env (Brax ``inverted_pendulum`` on the ``mjx`` backend) with a
-policy of 3 x 512 units, so one policy inference costs about what one sim step costs.
+The workload (``--workload``): ``mlp`` is an MJX env (Brax ``inverted_pendulum`` on the
+``mjx`` backend) with a policy of 3 x 512 units, so one policy inference costs about what
+one sim step costs; ``vla`` is the tiny VLA of ``ppo_vla_tabletop`` on the rendered
+tabletop (see benchmarks/vla_modes.py, which runs it), without auto-placement.
 
 The last line of stdout is one JSON object: per device count every mode's env-steps/s,
 ``ratio`` = best pipelined mode / collocated, and auto's predicted vs measured; top-level
@@ -33,7 +35,7 @@ import subprocess
 import sys
 import time
 
-WORKLOAD = [
+MLP_WORKLOAD = [
     "env.suite=brax",
     "env.name=inverted_pendulum",
     "env.backend=mjx",
@@ -46,6 +48,12 @@ WORKLOAD = [
     "actor.model.value_hidden_sizes=[256,256]",
     "runner.progress_bar=false",
 ]
+
+# The recipe's VLA and scene; cached resets so the env batch can be cut into micro-batches,
+# and no warm start (the timing is of the RL flow, not of behaviour cloning).
+VLA_WORKLOAD = ["env.reset_mode=cached", "sft.warm_start_steps=0", "runner.progress_bar=false"]
+
+WORKLOADS = {"mlp": ("ppo_brax", MLP_WORKLOAD, True), "vla": ("ppo_vla_tabletop", VLA_WORKLOAD, False)}
 
 MODES = {
     "collocated": ["cluster.component_placement=collocated"],
@@ -67,16 +75,17 @@ def _time_trainer(trainer, iterations: int) -> float:
     return iterations * trainer.env_steps_per_iteration / (time.perf_counter() - t0)
 
 
-def child(num_devices: int, iterations: int, extra: list[str]) -> dict:
+def child(workload: str, num_devices: int, iterations: int, extra: list[str]) -> dict:
     import jax
 
     from rlinf_jax.config import load_config
     from rlinf_jax.flow.auto_placement import auto_placement
     from rlinf_jax.flow.embodied_runner import build_trainer
 
+    recipe, base, with_auto = WORKLOADS[workload]
     out: dict = {"devices": num_devices, "platform": jax.devices()[0].platform, "modes": {}}
     for name, overrides in MODES.items():
-        cfg = load_config("ppo_brax", [*WORKLOAD, *extra, *overrides])
+        cfg = load_config(recipe, [*base, *extra, *overrides])
         trainer = build_trainer(cfg)
         sps = _time_trainer(trainer, iterations)
         out["modes"][name] = {
@@ -86,7 +95,14 @@ def child(num_devices: int, iterations: int, extra: list[str]) -> dict:
         }
         print(f"  {num_devices} devices  {name:<14} {sps:>10,.0f} env-steps/s", file=sys.stderr, flush=True)
 
-    cfg = load_config("ppo_brax", [*WORKLOAD, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
+    col = out["modes"]["collocated"]["env_steps_per_sec"]
+    best = max(("disaggregated", "hybrid"), key=lambda m: out["modes"][m]["env_steps_per_sec"])
+    out["best_pipelined"] = best
+    out["ratio"] = round(out["modes"][best]["env_steps_per_sec"] / col, 4)
+    if not with_auto:
+        return out
+
+    cfg = load_config(recipe, [*base, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
     plan = auto_placement(cfg, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
     plan.trainer.auto_plan = plan
     measured = _time_trainer(plan.trainer, iterations)
@@ -107,23 +123,20 @@ def child(num_devices: int, iterations: int, extra: list[str]) -> dict:
         file=sys.stderr,
         flush=True,
     )
-    col = out["modes"]["collocated"]["env_steps_per_sec"]
-    best = max(("disaggregated", "hybrid"), key=lambda m: out["modes"][m]["env_steps_per_sec"])
-    out["best_pipelined"] = best
-    out["ratio"] = round(out["modes"][best]["env_steps_per_sec"] / col, 4)
     return out
 
 
-def main() -> int:
+def main(argv=None, name: str = "placement_modes") -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp", help="policy and env (default mlp)")
     ap.add_argument("--devices", default="2,8", help="comma-separated device counts (default 2,8)")
     ap.add_argument("--iterations", type=int, default=8, help="timed iterations per mode (default 8)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra config overrides for the workload, key=value")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     if args.child is not None:
-        print(json.dumps(child(args.child, args.iterations, args.overrides)))
+        print(json.dumps(child(args.workload, args.child, args.iterations, args.overrides)))
         return 0
 
     results = {}
@@ -133,7 +146,10 @@ def main() -> int:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
         print(f"{n} device(s):", file=sys.stderr, flush=True)
         proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(n), "--iterations", str(args.iterations), *args.overrides],
+            [
+                sys.executable, os.path.abspath(__file__), "--workload", args.workload, "--child", str(n),
+                "--iterations", str(args.iterations), *args.overrides,
+            ],
             stdout=subprocess.PIPE,
             env=env,
             text=True,
@@ -145,16 +161,23 @@ def main() -> int:
 
     for n, r in results.items():
         m = r["modes"]
-        a = r["auto"]
-        print(
+        line = (
             f"{n} devices: collocated {m['collocated']['env_steps_per_sec']:,.0f}  disaggregated "
             f"{m['disaggregated']['env_steps_per_sec']:,.0f}  hybrid {m['hybrid']['env_steps_per_sec']:,.0f}  "
-            f"-> ratio {r['ratio']:.2f}; auto chose {a['chosen']}: predicted {a['predicted_env_steps_per_sec']:,.0f} "
-            f"vs measured {a['measured_env_steps_per_sec']:,.0f} ({a['prediction_error']:+.1%})"
+            f"-> ratio {r['ratio']:.2f}"
         )
+        if "auto" in r:
+            a = r["auto"]
+            line += (
+                f"; auto chose {a['chosen']}: predicted {a['predicted_env_steps_per_sec']:,.0f} "
+                f"vs measured {a['measured_env_steps_per_sec']:,.0f} ({a['prediction_error']:+.1%})"
+            )
+        print(line)
+    recipe, base, _ = WORKLOADS[args.workload]
     summary = {
-        "benchmark": "placement_modes",
-        "workload": WORKLOAD + args.overrides,
+        "benchmark": name,
+        "recipe": recipe,
+        "workload": base + args.overrides,
         "devices": results,
         "ratio": min(r["ratio"] for r in results.values()),
     }

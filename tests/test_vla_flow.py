@@ -111,7 +111,7 @@ def test_action_slots_read_each_other_and_the_instruction():
     obs = _obs()
     logits, _ = model(obs)
     # Bidirectional slots: moving the last slot's query moves the first slot's logits.
-    model.slots[...] = model.slots[...].at[-1].add(1.0)
+    model.oft.slot_embed[...] = model.oft.slot_embed[...].at[-1].add(1.0)
     moved, _ = model(obs)
     assert float(jnp.abs(moved[:, 0] - logits[:, 0]).max()) > 1e-4
     # The instruction reaches the slots: a different instruction, different logits.

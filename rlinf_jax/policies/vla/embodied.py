@@ -2,17 +2,18 @@
 action chunk in parallel through bidirectional action slots (the OFT way), with discrete
 action bins.
 
-One forward pass per env step: ``[BOS, image patches, instruction, action slots]`` runs
-through the Llama backbone; each of the ``chunk_length x 7`` slots reads every prompt token
-and every other slot, and its logits over the action bins give one action dimension.
+One forward pass per env step (`oft.OFTPolicy`): ``[BOS, image patches, instruction,
+proprioception, action slots]`` runs through the Llama backbone; each of the
+``chunk_length x 7`` slots reads every prompt token and every other slot, and its logits
+over the action bins give one action dimension.
 Autoregressive decoding would cost ``chunk_length x 7`` cached passes per step, which is
 what makes OpenVLA slow to fine-tune with RL; the parallel form keeps the same discrete
 action space and log-probs (summed over the chunk, RLinf's chunk level) at one pass.
 
 The stored action is the chunk of bin indices ``[B, chunk x 7]`` (int32); the env gets bin
 centres in [-1, 1] shaped ``[B, chunk, 7]``. Proprioception enters as one projected token
-after the patches, so the gripper state the camera cannot see is known to the policy.
-The value head reads the mean hidden state of the action slots.
+at the end of the prompt, so the gripper state the camera cannot see is known to the
+policy. The value head reads that token's final hidden state.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import LMConfig
 from rlinf_jax.policies.lm.config import RopeConfig
+from rlinf_jax.policies.vla.heads import ValueHead
+from rlinf_jax.policies.vla.oft import OFTConfig, OFTPolicy
 from rlinf_jax.policies.vla.openvla import OpenVLA, OpenVLAConfig
 from rlinf_jax.policies.vla.vit import ViTConfig
 
@@ -70,15 +73,14 @@ def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAC
 
 
 class ChunkActorCritic(nnx.Module):
-    """OpenVLA + learned action-slot queries + a proprioception token + a value MLP."""
+    """An OFT policy (OpenVLA backbone + parallel action slots, discrete head), a
+    proprioception token and a value head on the last prompt state."""
 
-    def __init__(self, config: OpenVLAConfig, num_slots: int, proprio_size: int, *, rngs: nnx.Rngs):
+    def __init__(self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, rngs: nnx.Rngs):
         d = config.text.hidden_size
-        self.vla = OpenVLA(config, rngs=rngs)
-        init = nnx.initializers.normal(0.02)
-        self.slots = nnx.Param(init(rngs.params(), (num_slots, d)))
+        self.oft = OFTPolicy(OpenVLA(config, rngs=rngs), OFTConfig(chunk, action_dim, "discrete"), rngs=rngs)
         self.proprio = nnx.Linear(proprio_size, d, rngs=rngs)
-        self.value = nnx.Sequential(nnx.Linear(d, d, rngs=rngs), jax.nn.tanh, nnx.Linear(d, 1, rngs=rngs))
+        self.value = ValueHead(d, (d,), rngs=rngs)
 
     def __call__(self, obs) -> tuple[jax.Array, jax.Array]:
         """Restricted action logits ``[B, slots, n_bins]`` and values ``[B]``."""
@@ -87,26 +89,11 @@ class ChunkActorCritic(nnx.Module):
         if obs["image"].dtype == jnp.uint8:
             pixels = pixels / 255.0
         pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
-        B = tokens.shape[0]
         valid = tokens != 0  # the instruction vocabulary pads with id 0, on the right
-        embeds, mask = self.vla.multimodal_inputs(tokens, valid, pixels)
-        A = self.slots.shape[0]
         proprio = self.proprio(obs["proprio"].astype(jnp.float32))[:, None]
-        slots = jnp.broadcast_to(self.slots[...][None], (B, A, embeds.shape[-1]))
-        embeds = jnp.concatenate([proprio.astype(embeds.dtype), embeds, slots.astype(embeds.dtype)], axis=1)
-        mask = jnp.concatenate([jnp.ones((B, 1), bool), mask, jnp.ones((B, A), bool)], axis=1)
-        S = embeds.shape[1]
-        # Prompt rows causal; slot rows see the whole prompt and every slot.
-        causal = jnp.tril(jnp.ones((S, S), bool))
-        is_slot = jnp.arange(S) >= S - A
-        full = causal | is_slot[:, None]
-        hidden = self.vla.llm.hidden_states(
-            attention_mask=mask, inputs_embeds=embeds, mask=jnp.broadcast_to(full, (B, S, S))
-        )
-        h = hidden[:, S - A :]
-        logits = self.vla.config.tokenizer.restrict(self.vla.llm.logits(h))
-        value = self.value(jnp.mean(h, axis=1))[:, 0]
-        return logits, value
+        out = self.oft.slot_states(tokens, valid, pixels, extra_embeds=proprio)
+        logits = self.oft.vla.config.tokenizer.restrict(self.oft.slot_logits(out.slots))
+        return logits, self.value(out.value_hidden)
 
 
 class ChunkVLAPolicy:
@@ -122,7 +109,7 @@ class ChunkVLAPolicy:
         self.tokenizer = self.config.tokenizer
 
     def build(self, rngs: nnx.Rngs) -> ChunkActorCritic:
-        return ChunkActorCritic(self.config, self.num_slots, self.proprio_size, rngs=rngs)
+        return ChunkActorCritic(self.config, self.chunk_length, self.action_size, self.proprio_size, rngs=rngs)
 
     def env_action(self, bins: jax.Array) -> jax.Array:
         """Bin indices ``[B, slots]`` -> bin centres ``[B, chunk, 7]`` in [-1, 1]."""

@@ -110,8 +110,14 @@ class OFTPolicy(nnx.Module):
             self.action_head = None
             self.log_std = None
 
-    def slot_states(self, input_ids, attention_mask, pixels) -> SlotOutput:
+    def slot_states(self, input_ids, attention_mask, pixels, extra_embeds=None) -> SlotOutput:
+        """``extra_embeds [B, E, d]`` (e.g. projected proprioception, as OFT feeds it) join
+        the end of the prompt: causal like it, seen by every slot."""
         embeds, mask = self.vla.multimodal_inputs(input_ids, attention_mask, pixels)
+        if extra_embeds is not None:
+            B, E = extra_embeds.shape[:2]
+            embeds = jnp.concatenate([embeds, extra_embeds.astype(embeds.dtype)], axis=1)
+            mask = jnp.concatenate([mask, jnp.ones((B, E), bool)], axis=1)
         B, P, d = embeds.shape
         S = self.config.num_slots
         slots = jnp.broadcast_to(self.slot_embed[...].astype(embeds.dtype), (B, S, d))
