@@ -133,6 +133,13 @@ class EmbodiedLoop(HostLoop):
 
     def first_record(self, state) -> dict:
         first = {"time/compile_sec": self.compile_sec}
+        core = getattr(self.trainer, "core", self.trainer)  # the staged runner wraps a PPOTrainer
+        warm = getattr(core, "warm_start_metrics", None)
+        if warm is not None:
+            # A warm-started policy is evaluated before RL touches it: the baseline the
+            # run's gain is measured from.
+            first.update(warm)
+            first.update(self.evaluate(state, 0))
         plan = self.trainer.auto_plan
         if plan is not None:
             first["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
