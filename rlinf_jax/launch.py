@@ -293,10 +293,6 @@ def _check_cluster_settings(args, cfg) -> None:
     for item in args.env:
         if "=" not in item or not item.partition("=")[0]:
             raise BadInput(f"--env {item!r} must look like KEY=VALUE")
-    if cfg.runner.task != "embodied" and args.num_hosts > 1:
-        raise BadInput(
-            f"runner.task={cfg.runner.task} runs on one host for now; multi-host runs are for runner.task=embodied"
-        )
     if cfg.cluster.component_placement == "auto" and args.num_hosts > 1:
         raise BadInput(
             "cluster.component_placement=auto is not available in multi-host runs yet; "
@@ -305,11 +301,18 @@ def _check_cluster_settings(args, cfg) -> None:
     if args.devices_per_host is not None:
         # Simulated hosts: the global device count is known here, so a placement that
         # does not fit fails before Ray starts anything.
-        from rlinf_jax.flow.embodied_runner import resolve_embodied_placement
-        from rlinf_jax.sharding import resolve_num_devices
+        from rlinf_jax.sharding import resolve_num_devices, resolve_placement
 
-        total = args.num_hosts * args.devices_per_host
-        resolve_embodied_placement(cfg, resolve_num_devices(cfg.cluster.num_devices, total))
+        num_devices = resolve_num_devices(cfg.cluster.num_devices, args.num_hosts * args.devices_per_host)
+        if cfg.runner.task == "embodied":
+            from rlinf_jax.flow.embodied_runner import EMBODIED_COMPONENTS as components
+        elif cfg.runner.task == "sft":
+            from rlinf_jax.flow.sft import SFT_COMPONENTS as components
+        else:  # reasoning
+            from rlinf_jax.flow.reasoning import components as of_run
+
+            components = of_run(cfg)
+        resolve_placement(cfg.cluster.component_placement, components, num_devices, cfg.cluster.mesh)
 
 
 def _bundle(args) -> dict[str, float]:

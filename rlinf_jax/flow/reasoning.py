@@ -14,6 +14,11 @@ shuffle with ``fold_in(update key, iteration)``. So the same seed gives the same
 whatever the placement (collocated, disaggregated or hybrid, up to float reduction order)
 and a resumed run continues exactly where the checkpoint left it.
 
+In a multi-host job (one process per host) every process runs this flow on the whole
+rollout batch: the prompts are the same everywhere, the sampled tokens are gathered to
+every host, each process scores its share of the rows (`reasoning_rewards`), and arrays
+move between component meshes on different hosts through `sharding.mesh.put`.
+
 Advantages by ``algorithm.adv_type``: group estimators (grpo, dr_grpo, rloo) give one value
 per response, spread over its tokens; reinforce_pp / reinforce_pp_baseline work on token
 rewards (the outcome on the last token, minus ``kl_coef * KL`` per token with
@@ -58,8 +63,9 @@ from rlinf_jax.flow.dynamic_sampling import collect_informative_groups
 from rlinf_jax.flow.reasoning_data import data_config, reward_config
 from rlinf_jax.flow.reasoning_eval import score_dataset
 from rlinf_jax.flow.reasoning_lora import LoRA
+from rlinf_jax.flow.reasoning_rewards import SplitRewards
 from rlinf_jax.rewards import RewardFunction
-from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+from rlinf_jax.rollout.sampler import SamplingParams
 from rlinf_jax.sharding import (
     batch_axes,
     batch_divisor,
@@ -180,9 +186,9 @@ class ReasoningTrainer:
         self._update = jax.jit(self._update_fn, donate_argnums=0, out_shardings=(self._state_shardings(), None))
         self._merged_policy = jax.jit(self.policy_state)
 
-        self.reward_fn = RewardFunction(reward_config(cfg))
+        self.reward_fn = SplitRewards(RewardFunction(reward_config(cfg)))
         ro = cfg.rollout
-        self.sampler = Sampler(loaded.model, pad_id=rm.pad_id(self.tokenizer), mesh=self.meshes["rollout"], rules=self.rules)
+        self.sampler = rm.make_sampler(loaded.model, rm.pad_id(self.tokenizer), self.meshes["rollout"], self.rules)
         stops = rm.stop_tokens(self.tokenizer)
         self.sampling = SamplingParams(ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k, stops)
         self.eval_sampling = SamplingParams(ro.max_new_tokens, ro.eval_temperature, ro.top_p, ro.top_k, stops)
@@ -232,7 +238,7 @@ class ReasoningTrainer:
             step=put(ts.step, replicated(mesh)),
             bad_iterations=put(ts.bad_iterations, replicated(mesh)),
         )
-        self.sampler.set_params(self.rollout_weights(ts.params))
+        rm.sync_sampler(self.sampler, self.rollout_weights(ts.params))
         return ts
 
     def snapshot(self, ts: RLState) -> RLState:
@@ -522,7 +528,7 @@ class ReasoningTrainer:
         train_metrics = {k: float(v) for k, v in fetch(train_metrics).items()}
         t2 = time.perf_counter()
         # Weight sync: the rollout's copy of the policy, laid out on the rollout mesh.
-        self.sampler.set_params(self.rollout_weights(ts.params))
+        rm.sync_sampler(self.sampler, self.rollout_weights(ts.params))
         t3 = time.perf_counter()
         metrics.update(train_metrics)
         metrics.update({"time/update_sec": t2 - t1, "time/sync_sec": t3 - t2, "time/step_sec": t3 - t0})
@@ -545,7 +551,7 @@ class ReasoningTrainer:
     def run_eval(self, ts: RLState, key, progress=None) -> dict:
         if self.eval_ds is None:
             return {}
-        self.sampler.set_params(self.rollout_weights(ts.params))
+        rm.sync_sampler(self.sampler, self.rollout_weights(ts.params))
         result = score_dataset(
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlinf_jax.flow.reasoning_model import PromptEncoder, decode_responses
+from rlinf_jax.sharding.mesh import fetch
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -59,7 +60,8 @@ def score_dataset(
         ids, mask = np.repeat(ids, n_samples, axis=0), np.repeat(mask, n_samples, axis=0)
         sample_ids = (np.repeat(np.asarray(idx), n_samples) * n_samples + np.tile(np.arange(n_samples), per_call))
         out = sampler.generate(ids, mask, key, sampling, sample_ids=sample_ids.astype(np.uint32))
-        tokens, rmask, lens = (np.asarray(x) for x in (out.tokens, out.mask, out.lengths))
+        # `fetch`: in a multi-host job the outputs may live on other hosts' devices.
+        tokens, rmask, lens = (np.asarray(x) for x in fetch((out.tokens, out.mask, out.lengths)))
         texts = decode_responses(tokenizer, tokens[: real * n_samples], rmask[: real * n_samples])
         answers = [r["answer"] for r in records for _ in range(n_samples)]
         result = reward_fn(texts, answers, lens[: real * n_samples])

@@ -336,6 +336,35 @@ def place_rows(tree, mesh, rows: int):
     return jax.tree.map(lambda x: put(x, bs if split and np.ndim(x) and np.shape(x)[0] == rows else rep), tree)
 
 
+def make_sampler(model: CausalLM, pad: int, mesh, rules):
+    """The run's `Sampler` on ``mesh``, its weights laid out from the host.
+
+    In a multi-host job the model's arrays are this process's own copies; placed through
+    `put`, each process fills its shards, where the sampler's own placement would first
+    compare every weight across all processes.
+    """
+    from rlinf_jax.rollout.sampler import Sampler
+    from rlinf_jax.runtime.distributed import is_multiprocess
+    from rlinf_jax.sharding import param_shardings
+    from rlinf_jax.sharding.mesh import put
+
+    if is_multiprocess():
+        graphdef, params = nnx.split(model)
+        model = nnx.merge(graphdef, put(params, param_shardings(params, mesh, rules)))
+    return Sampler(model, pad_id=pad, mesh=mesh, rules=rules)
+
+
+def sync_sampler(sampler, weights) -> None:
+    """Weight sync: ``weights`` (the actor's) onto the sampler's layout, also across hosts."""
+    from rlinf_jax.runtime.distributed import is_multiprocess
+    from rlinf_jax.sharding.mesh import put
+
+    if is_multiprocess() and sampler.param_shardings is not None:
+        # A device-to-device copy cannot leave a host; `put` goes through the hosts there.
+        weights = put(weights, sampler.param_shardings)
+    sampler.set_params(weights)
+
+
 def state_shardings(tree, mesh, rules):
     """`param_shardings` for optimiser states too: a leaf whose annotation does not fit its
     shape (the empty placeholders ``optax.multi_transform`` keeps for another partition's

@@ -28,8 +28,9 @@ from rlinf_jax.flow import reasoning_model as rm
 from rlinf_jax.flow.reasoning_data import data_config, reward_config
 from rlinf_jax.flow.reasoning_eval import score_dataset
 from rlinf_jax.flow.reasoning_lora import LoRA
+from rlinf_jax.flow.reasoning_rewards import SplitRewards
 from rlinf_jax.rewards import RewardFunction
-from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+from rlinf_jax.rollout.sampler import SamplingParams
 from rlinf_jax.sharding import (
     component_mesh,
     param_shardings,
@@ -94,8 +95,8 @@ class SFTTrainer:
         parts = {"policy": tx} if self.lora is None else {"policy": optax.set_to_zero(), "lora": tx}
         self.tx = optax.multi_transform(parts, _labels)
         self._merged_policy = jax.jit(self.policy_state)
-        self.reward_fn = RewardFunction(reward_config(cfg))
-        self.sampler = Sampler(loaded.model, pad_id=rm.pad_id(self.tokenizer), mesh=self.mesh, rules=self.rules)
+        self.reward_fn = SplitRewards(RewardFunction(reward_config(cfg)))
+        self.sampler = rm.make_sampler(loaded.model, rm.pad_id(self.tokenizer), self.mesh, self.rules)
         self.eval_sampling = SamplingParams(
             cfg.rollout.max_new_tokens, cfg.rollout.eval_temperature, stop_tokens=rm.stop_tokens(self.tokenizer)
         )
@@ -210,7 +211,7 @@ class SFTTrainer:
     def run_eval(self, ts: LMTrainState, key, progress=None) -> dict:
         if self.eval_ds is None:
             return {}
-        self.sampler.set_params(ts.params["policy"] if self.lora is None else self._merged_policy(ts.params))
+        rm.sync_sampler(self.sampler, ts.params["policy"] if self.lora is None else self._merged_policy(ts.params))
         result = score_dataset(
             self.sampler, self.encoder, self.reward_fn, self.eval_ds, self.eval_sampling, key,
             self.cfg.rollout.eval_batch_size, progress=progress,
