@@ -87,3 +87,26 @@ def load_converted(path, build: Callable[[dict, jnp.dtype, jnp.dtype], nnx.Modul
             raise BadInput(f"{d / PARAMS_DIR} does not match config.json ({str(e).splitlines()[0]})") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
+
+
+def model_from_checkpoint(path, build: Callable, hf: dict, key_map, what: str, dtype, param_dtype=None):
+    """``build(hf, dtype, param_dtype)`` laid out abstractly and filled from the safetensors
+    files of ``path`` through the rows and skips ``key_map`` gives: every checkpoint key
+    consumed or skipped by name, every parameter found, shapes checked (`keys.read_checkpoint`)."""
+    from rlinf_jax.policies.convert import keys
+    from rlinf_jax.policies.lm.hf_checkpoint import dotted, fill_model, safetensors_files
+
+    param_dtype = param_dtype or dtype
+    graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: build(hf, dtype, param_dtype)))
+    targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
+    rows, skips = key_map
+    values = keys.read_checkpoint(safetensors_files(path), rows, skips, targets, what, dtype=param_dtype)
+    return fill_model(graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()})
+
+
+def convert_directory(from_pretrained: Callable, src, out_dir, dtype="auto") -> Path:
+    """``from_pretrained(src, dtype=...)`` written as a converted directory ``out_dir`` (which
+    must be new or empty: nothing already there is overwritten)."""
+    check_empty(out_dir)
+    model = from_pretrained(src, dtype=resolve_dtype(read_hf_config(src), dtype))
+    return save_converted(model, src, out_dir)

@@ -17,10 +17,7 @@ from flax import nnx
 from rlinf_jax.policies.convert import keys, store
 from rlinf_jax.policies.convert.keys import Row, Skip
 from rlinf_jax.policies.lm.hf_checkpoint import (
-    dotted,
-    fill_model,
     read_hf_config,
-    safetensors_files,
 )
 from rlinf_jax.policies.vla.vit import SIGLIP_TYPES, ViT, ViTConfig
 
@@ -150,29 +147,12 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> ViT:
     """A ``ViT`` from a local transformers directory (config.json + safetensors)."""
     hf = read_hf_config(path)
     config = ViTConfig.from_hf_config(hf)
-    param_dtype = param_dtype or dtype
-    graphdef, abstract_state = nnx.split(
-        nnx.eval_shape(lambda: ViT(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
-    )
-    targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
-    rows, skips = key_map(config)
-    values = keys.read_checkpoint(
-        safetensors_files(path),
-        rows,
-        skips,
-        targets,
-        f"{config.model_type} vision model",
-        dtype=param_dtype,
-    )
-    return fill_model(graphdef, abstract_state, {k: jnp.asarray(v) for k, v in values.items()})
+    return store.model_from_checkpoint(path, build, hf, key_map(config), f"{config.model_type} vision model", dtype, param_dtype)
 
 
 def convert(src, out_dir, dtype="auto") -> Path:
     """transformers vision-tower directory ``src`` -> converted directory ``out_dir``."""
-    store.check_empty(out_dir)
-    hf = read_hf_config(src)
-    model = from_pretrained(src, dtype=store.resolve_dtype(hf, dtype))
-    return store.save_converted(model, src, out_dir)
+    return store.convert_directory(from_pretrained, src, out_dir, dtype)
 
 
 def load(path, dtype=None) -> ViT:
