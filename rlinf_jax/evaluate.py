@@ -4,7 +4,9 @@ Embodied: ``python -m rlinf_jax.evaluate RUN_OR_CHECKPOINT [key=value ...]`` loa
 resolved ``config.yaml`` (overrides may change evaluation settings such as
 ``env.num_eval_envs`` or ``env.episode_length``), restores the checkpoint (the latest one
 for a run or checkpoints folder), runs the deterministic policy for one episode in every
-eval env and prints one JSON object. Same checkpoint, same seed: same numbers.
+eval env and prints one JSON object. Same checkpoint, same seed: same numbers. On the VLA
+tabletop the object holds ``eval/success/<split>`` for every split (success reached at
+least once in the episode), and ``--strip FILE.png`` saves an image strip of episodes.
 
 Language models: ``python -m rlinf_jax.evaluate --checkpoint DIR [--data PATH] [--k K]
 [key=value ...]`` answers every prompt of a JSONL / JSON / Parquet file (default: the run's
@@ -27,6 +29,10 @@ def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m rlinf_jax.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("path", nargs="?", help="embodied: a run folder, its checkpoints folder, or one step folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the eval episodes' initial states / the samples")
+    parser.add_argument(
+        "--strip", metavar="PNG", help="embodied envs with images: also save an image strip of episodes (rows) x steps"
+    )
+    parser.add_argument("--strip-episodes", type=int, default=4, help="episodes in the image strip (default 4)")
     lm = parser.add_argument_group("language models")
     lm.add_argument("--checkpoint", help="an sft / reasoning run or checkpoint, or a Hugging Face model directory")
     lm.add_argument("--data", help="prompts to answer: .jsonl / .json / .parquet (default: the run's held-out split)")
@@ -41,7 +47,7 @@ def _parse_args(argv):
     return parser.parse_intermixed_args(argv)
 
 
-def evaluate(path, overrides=(), seed: int = 0) -> dict:
+def evaluate(path, overrides=(), seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
     import jax
 
     from rlinf_jax.config import load_config_file
@@ -58,9 +64,15 @@ def evaluate(path, overrides=(), seed: int = 0) -> dict:
     # Evaluation is one jitted loop whatever layout trained the policy: run it collocated.
     cfg.cluster.component_placement = "collocated"
     cfg.flow = FlowConfig()
+    cfg.sft.warm_start_steps = 0  # the checkpoint holds the weights; no behaviour cloning to redo
+    if strip is not None and Path(strip).exists():
+        raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer = build_trainer(cfg)
     state, _ = restore_checkpoint(point, trainer.init(), keep=cfg.runner.keep_checkpoints)
     metrics = trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed))
+    extra = {}
+    if strip is not None:
+        extra["strip"] = str(_save_strip(trainer, state, cfg, seed, strip, strip_episodes))
     return {
         "checkpoint": str(point.path),
         "step": int(state.step),
@@ -68,7 +80,25 @@ def evaluate(path, overrides=(), seed: int = 0) -> dict:
         "episodes": cfg.env.num_eval_envs,
         "seed": seed,
         **{k: float(v) for k, v in metrics.items()},
+        **extra,
     }
+
+
+def _save_strip(trainer, state, cfg, seed: int, path, episodes: int):
+    """The first ``episodes`` eval episodes, one frame per policy step, as one PNG."""
+    import jax
+    import numpy as np
+
+    from rlinf_jax.errors import BadInput
+    from rlinf_jax.runtime.media import image_strip, write_png
+
+    obs = jax.eval_shape(trainer.eval_env.reset, jax.random.PRNGKey(0)).obs
+    if not isinstance(obs, dict) or "image" not in obs:
+        raise BadInput(f"--strip needs an env with image observations; {cfg.env.suite}/{cfg.env.name} has none")
+    substeps = max(1, trainer.substeps)
+    steps = -(-cfg.env.episode_length // substeps)
+    frames = trainer.episode_frames(state.params, state.obs_stats, jax.random.PRNGKey(seed), steps)
+    return write_png(path, image_strip(np.asarray(frames)[:, :episodes]))
 
 
 def main(argv=None) -> int:
@@ -88,7 +118,7 @@ def main(argv=None) -> int:
         elif args.path is None:
             raise BadInput("nothing to evaluate: give a run folder (embodied) or --checkpoint DIR (language models)")
         else:
-            result = evaluate(args.path, args.overrides, args.seed)
+            result = evaluate(args.path, args.overrides, args.seed, args.strip, args.strip_episodes)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

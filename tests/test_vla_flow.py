@@ -216,3 +216,60 @@ def test_vla_ppo_iteration_is_the_same_collocated_and_disaggregated():
         np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=key)
     for a, b in zip(got["params"], ref["params"]):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
+
+
+def _read_png(path):
+    """A minimal PNG reader for what `write_png` writes (8-bit RGB, filter 0)."""
+    import struct
+    import zlib
+
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + n
+    w, h = struct.unpack(">II", chunks[b"IHDR"][:8])
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(h, 1 + 3 * w)
+    assert (raw[:, 0] == 0).all()
+    return raw[:, 1:].reshape(h, w, 3)
+
+
+def test_image_strip_lays_episodes_in_rows_and_round_trips_through_png(tmp_path):
+    from rlinf_jax.runtime.media import image_strip, write_png
+
+    frames = np.random.default_rng(0).integers(0, 256, (3, 2, 4, 5, 3), dtype=np.uint8)  # T=3, B=2
+    strip = image_strip(frames, gap=1)
+    assert strip.shape == (2 * 4 + 1, 3 * 5 + 2, 3)
+    np.testing.assert_array_equal(strip[5:9, 12:17], frames[2, 1])  # episode 1, step 2
+    assert (strip[4] == 255).all() and (strip[:, 5] == 255).all()  # the gaps
+    path = write_png(tmp_path / "s.png", strip)
+    np.testing.assert_array_equal(_read_png(path), strip)
+    with pytest.raises(BadInput, match="exists"):
+        write_png(path, strip)
+
+
+@pytest.mark.slow
+def test_train_then_evaluate_reports_every_split_and_saves_a_strip(tmp_path):
+    from tests.conftest import run_cli
+
+    run = [*TINY_VLA, "runner.max_steps=1", "runner.eval_interval=1", f"runner.output_dir={tmp_path}",
+           "runner.experiment_name=v"]
+    proc = run_cli(["--config-name", "ppo_vla_tabletop", *run])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads((tmp_path / "v" / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    assert {f"eval/success/{s}" for s in ("train", "vision", "semantic", "execution")} <= set(last)
+
+    strip = tmp_path / "strip.png"
+    cmd = [sys.executable, "-m", "rlinf_jax.evaluate", str(tmp_path / "v"), "--strip", str(strip), "--strip-episodes", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["step"] == 1 and 0.0 <= report["eval/success/semantic"] <= 1.0
+    # 2 episodes of 16 px frames; 4 sub-steps in chunks of 2: the first frame and 2 steps.
+    assert _read_png(strip).shape == (2 * 16 + 1, 3 * 16 + 2, 3)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 2 and "exists" in again.stderr

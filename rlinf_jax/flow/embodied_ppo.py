@@ -25,7 +25,7 @@ from rlinf_jax.envs import normalization
 from rlinf_jax.envs.base import Env, EnvState
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.embodied import embodied_policy
-from rlinf_jax.rollout import Transition, evaluate_policy, unroll
+from rlinf_jax.rollout import Transition, episode_frames, evaluate_policy, unroll
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
 from rlinf_jax.sharding.mesh import fetch, put
 
@@ -415,6 +415,17 @@ class PPOTrainer:
         return {}
 
     # -------------------------------------------------------------- evaluation
+    def episode_frames(self, params, stats, key, num_steps: int):
+        """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic
+        policy's eval episodes (envs with image observations only)."""
+        model = self.model(params)
+
+        def policy(obs):
+            return self.policy.act_deterministic(model, self.normalize(stats, obs))
+
+        run = jax.jit(lambda p, k: episode_frames(self.eval_env, policy, k, num_steps))
+        return run(params, key)
+
     def _evaluate(self, params, stats, key):
         model = self.model(params)
 

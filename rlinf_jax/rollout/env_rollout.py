@@ -119,3 +119,16 @@ def evaluate_policy(
     init = (state, zeros, zeros + 1.0, zeros, zeros, 0)
     _, ret, _, length, success, _ = jax.lax.while_loop(cond, body, init)
     return ret, length, success
+
+
+def episode_frames(env: Env, policy: Callable[[jax.Array], jax.Array], key: jax.Array, num_steps: int) -> jax.Array:
+    """Camera images ``[num_steps + 1, B, H, W, 3]`` of one episode per env (no auto-reset):
+    the first observation, then the one after each of ``num_steps`` policy steps."""
+    state = env.reset(key)
+
+    def step(state, _):
+        nxt = env.step(state, policy(state.obs))
+        return nxt, nxt.obs["image"]
+
+    _, images = jax.lax.scan(step, state, None, length=num_steps)
+    return jnp.concatenate([state.obs["image"][None], images])
