@@ -303,9 +303,11 @@ def test_playground_make_env_resets_and_steps():
 
 def test_list_envs():
     envs = list_envs()
-    assert set(envs) == {"brax", "playground"}
+    assert set(envs) == {"brax", "playground", "tabletop"}
     assert "inverted_pendulum" in envs["brax"] and "CartpoleBalance" in envs["playground"]
-    assert all(names == sorted(names) for names in envs.values())
+    assert all(envs[suite] == sorted(envs[suite]) for suite in ("brax", "playground"))
+    # The tabletop's "envs" are its splits, training split first.
+    assert envs["tabletop"] == ["train", "vision", "semantic", "execution"]
 
 
 def test_make_eval_env_has_no_autoreset():
