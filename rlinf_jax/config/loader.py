@@ -426,11 +426,25 @@ def validate(cfg: Config) -> None:
             f"actor.model.{name}={sizes} must hold positive layer widths, e.g. [64,64]",
         )
     _require(m.min_std >= 0, f"actor.model.min_std={m.min_std} must be >= 0")
-    _require(m.kind in ("mlp", "vla"), f"actor.model.kind={m.kind!r} is unknown; choose mlp or vla")
+    _require(m.kind in ("mlp", "vla", "pi0"), f"actor.model.kind={m.kind!r} is unknown; choose mlp, vla or pi0")
     for name in ("vla_patch_size", "vla_vision_hidden_size", "vla_vision_layers", "vla_vision_heads"):
         _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
     _require(m.vla_n_bins >= 2, f"actor.model.vla_n_bins={m.vla_n_bins} must be >= 2")
     _require(m.vla_temperature > 0, f"actor.model.vla_temperature={m.vla_temperature} must be > 0")
+    for name in ("pi0_expert_hidden_size", "pi0_expert_intermediate_size", "pi0_num_steps"):
+        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    _require(
+        m.pi0_expert_hidden_size % 2 == 0,
+        f"actor.model.pi0_expert_hidden_size={m.pi0_expert_hidden_size} must be even (sin/cos time embedding)",
+    )
+    _require(
+        m.pi0_method in ("flow_sde", "flow_noise"),
+        f"actor.model.pi0_method={m.pi0_method!r} is unknown; choose flow_sde or flow_noise",
+    )
+    _require(
+        math.isfinite(m.pi0_noise_level) and m.pi0_noise_level > 0,
+        f"actor.model.pi0_noise_level={m.pi0_noise_level} must be a finite number > 0",
+    )
 
     nd = cfg.cluster.num_devices
     _require(

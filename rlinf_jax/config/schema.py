@@ -62,8 +62,9 @@ class EnvConfig:
 
 @dataclass
 class PolicyConfig:
-    # Embodied runs: "mlp" (tanh-Gaussian actor + value MLP on flat observations) or "vla"
-    # (a vision-language-action model on image + instruction + proprioception).
+    # Embodied runs: "mlp" (tanh-Gaussian actor + value MLP on flat observations), "vla"
+    # (a vision-language-action model on image + instruction + proprioception) or "pi0"
+    # (a flow-matching VLA on the same observations).
     kind: str = "mlp"
     policy_hidden_sizes: list[int] = field(default_factory=lambda: [32, 32, 32, 32])
     value_hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256, 256, 256])
@@ -97,6 +98,16 @@ class PolicyConfig:
     vla_vision_heads: int = 2
     vla_n_bins: int = 256
     vla_temperature: float = 1.0
+    # kind=pi0: a tiny pi0 (the vla_* tower, the lm_* sizes as its Gemma prefix, a Gemma
+    # action expert of these sizes sharing the prefix's layers, KV heads and head_dim)
+    # denoising each action chunk in pi0_num_steps flow-matching steps; RL log-probs by
+    # flow_sde (one random SDE step of noise level pi0_noise_level) or flow_noise (a learned
+    # std at every step).
+    pi0_expert_hidden_size: int = 32
+    pi0_expert_intermediate_size: int = 64
+    pi0_num_steps: int = 4
+    pi0_method: str = "flow_sde"  # flow_sde | flow_noise
+    pi0_noise_level: float = 0.5
 
 
 @dataclass

@@ -84,4 +84,8 @@ def embodied_policy(cfg, env) -> EmbodiedPolicy:
         from rlinf_jax.policies.vla.embodied import vla_policy
 
         return vla_policy(cfg, env)
-    raise BadInput(f"actor.model.kind={kind!r} is not known for embodied runs; use mlp or vla")
+    if kind == "pi0":
+        from rlinf_jax.policies.vla.pi0_embodied import pi0_policy
+
+        return pi0_policy(cfg, env)
+    raise BadInput(f"actor.model.kind={kind!r} is not known for embodied runs; use mlp, vla or pi0")

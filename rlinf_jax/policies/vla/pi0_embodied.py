@@ -1,0 +1,212 @@
+"""pi0 as an embodied policy for the PPO / GRPO trainer (``actor.model.kind=pi0``).
+
+A tiny `pi0.Pi0` sized by ``actor.model``: a SigLIP-style tower (the ``vla_*`` sizes) and a
+Gemma prefix (the ``lm_*`` sizes) read the camera image and the instruction, and a Gemma
+action expert (``pi0_expert_*``; same layers, KV heads and head_dim as the prefix, as shared
+attention needs) denoises one action chunk ``[chunk_length, 7]`` conditioned on the
+proprioception as pi0's state token.
+
+- **Prompt**: ``num_patches`` image tokens then the instruction ids. The instruction
+  vocabulary is the tabletop's (`vocab_size()`) and the image token is the id just past it
+  (pi0's convention: an out-of-vocabulary id, looked up as 0 and replaced by the patch
+  features). The env right-pads the instruction with id 0; the attention mask drops those
+  slots and positions count real tokens only, so padding changes nothing.
+- **Sampling** (`act`): one chunk per env from the stochastic chain of ``pi0_method``
+  (flow-SDE: one random denoising step is an SDE step of ``pi0_noise_level``; flow-noise:
+  a learned std at every step), ``pi0_num_steps`` steps. Each env's chain is drawn from its
+  own key alone (the sampler is vmapped over rows), so splitting the batch into micro-batches
+  changes no sample. The env gets the chain's end clipped to [-1, 1].
+- **Stored action**: ``{"chain": [B, N + 1, H, 7], "step": [B] int32}``, the whole denoising
+  chain and flow-SDE's stochastic step (-1 for flow-noise): what the log-prob is defined on.
+  The chunk's log-prob is the sum over its ``H x 7`` elements (RLinf's chunk level).
+- **Training** (`evaluate_actions`): the stored chain re-scored under the current
+  parameters (`Pi0.chain_logprob`; one expert pass for flow-SDE, ``N`` for flow-noise), the
+  entropy of the stochastic step(s)' Gaussians, and the value head on the state token.
+- **Evaluation** (`act_deterministic`): the plain Euler ODE sample from zero noise, pi0's
+  mode-like action.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm.config import LMConfig, RopeConfig
+from rlinf_jax.policies.vla import flow_steps
+from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
+from rlinf_jax.policies.vla.pi0 import Pi0, Pi0Config, Prefix
+from rlinf_jax.policies.vla.vit import ViTConfig
+
+
+def tiny_pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
+    """A pi0 of the sizes ``actor.model`` names (``vla_*`` tower, ``lm_*`` Gemma prefix,
+    ``pi0_expert_*`` action expert), for ``chunk x action_dim`` chunks and a ``state_dim`` state."""
+    m = model_cfg
+    if image_size % m.vla_patch_size:
+        raise BadInput(
+            f"actor.model.vla_patch_size={m.vla_patch_size} does not divide the env's {image_size} px images"
+        )
+    if m.lm_hidden_size % m.lm_num_heads:
+        raise BadInput(
+            f"actor.model.lm_hidden_size={m.lm_hidden_size} is not a multiple of lm_num_heads={m.lm_num_heads}"
+        )
+    vision = ViTConfig(
+        model_type="siglip_vision_model",
+        hidden_size=m.vla_vision_hidden_size,
+        intermediate_size=4 * m.vla_vision_hidden_size,
+        num_layers=m.vla_vision_layers,
+        num_heads=m.vla_vision_heads,
+        image_size=image_size,
+        patch_size=m.vla_patch_size,
+        gelu_approximate=True,
+    )
+    head_dim = m.lm_hidden_size // m.lm_num_heads
+
+    def gemma(hidden: int, intermediate: int) -> LMConfig:
+        # Prefix and expert share layers, KV heads and head_dim (their attention is joint).
+        return LMConfig(
+            model_type="gemma",
+            vocab_size=text_vocab,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_layers=m.lm_num_layers,
+            num_heads=m.lm_num_heads,
+            num_kv_heads=m.lm_num_kv_heads,
+            head_dim=head_dim,
+            rope=RopeConfig(),
+            tie_word_embeddings=True,
+            max_position_embeddings=m.lm_max_position_embeddings,
+        )
+
+    E = m.pi0_expert_hidden_size
+    return Pi0Config(
+        paligemma=PaliGemmaConfig(vision, gemma(m.lm_hidden_size, m.lm_intermediate_size), image_token_id=text_vocab),
+        expert=gemma(E, m.pi0_expert_intermediate_size),
+        chunk_size=chunk,
+        max_state_dim=state_dim,
+        max_action_dim=action_dim,
+        num_steps=m.pi0_num_steps,
+        value_hidden=(E,),
+        noise_hidden=(E,) if m.pi0_method == flow_steps.FLOW_NOISE else (),
+    )
+
+
+class Pi0Policy:
+    """`EmbodiedPolicy` over `pi0.Pi0` (see the module docstring)."""
+
+    normalizable_observations = False
+
+    def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
+        self.config = tiny_pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
+        self.chunk_length, self.action_size = chunk_length, action_size
+        self.num_steps = int(model_cfg.pi0_num_steps)
+        self.method = str(model_cfg.pi0_method)
+        self.noise_level = float(model_cfg.pi0_noise_level)
+        self.image_token = text_vocab
+        self.num_patches = self.config.paligemma.tokens_per_image
+
+    def build(self, rngs: nnx.Rngs) -> Pi0:
+        return Pi0(self.config, rngs=rngs)
+
+    # -- observations ------------------------------------------------------------------
+
+    def prompt(self, obs) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(input_ids ``[B, patches + 16]``, attention_mask, pixels ``[B, 1, S, S, 3]`` in [-1, 1])."""
+        tokens = obs["tokens"].astype(jnp.int32)
+        B = tokens.shape[0]
+        image = jnp.full((B, self.num_patches), self.image_token, jnp.int32)
+        ids = jnp.concatenate([image, tokens], axis=1)
+        mask = jnp.concatenate([jnp.ones((B, self.num_patches), bool), tokens != 0], axis=1)
+        pixels = obs["image"].astype(jnp.float32)
+        if obs["image"].dtype == jnp.uint8:
+            pixels = pixels / 255.0
+        pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
+        return ids, mask, pixels[:, None]
+
+    def encode(self, model: Pi0, obs) -> tuple[Prefix, jax.Array]:
+        """The prefix (run once per observation) and the state ``[B, 4]``."""
+        ids, mask, pixels = self.prompt(obs)
+        return model.encode_prefix(ids, pixels, mask), obs["proprio"].astype(jnp.float32)
+
+    def env_action(self, actions: jax.Array) -> jax.Array:
+        return jnp.clip(actions, -1.0, 1.0)
+
+    # -- the EmbodiedPolicy protocol ---------------------------------------------------
+
+    def sample(self, model: Pi0, obs, keys):
+        """The `FlowSample` of each env from its own key (``keys [B]``): rows are sampled one
+        by one under vmap, so no row's noise depends on the batch it is in."""
+        prefix, state = self.encode(model, obs)
+
+        def one(prefix_row, state_row, key):
+            row = jax.tree.map(lambda x: x[None], (prefix_row, state_row))
+            out = model.sample_with_logprob(
+                *row, key, method=self.method, num_steps=self.num_steps, noise_level=self.noise_level
+            )
+            return jax.tree.map(lambda x: x[0], out)
+
+        return jax.vmap(one)(prefix, state, keys)
+
+    def act(self, model: Pi0, obs, keys):
+        out = self.sample(model, obs, keys)
+        stored = {"chain": out.chain, "step": out.stochastic_step}
+        return self.env_action(out.actions), stored, jnp.sum(out.logprob, axis=(1, 2))
+
+    def act_deterministic(self, model: Pi0, obs):
+        prefix, state = self.encode(model, obs)
+        B = state.shape[0]
+        zeros = jnp.zeros((B, self.chunk_length, self.action_size), jnp.float32)
+        return self.env_action(model.sample_actions(prefix, state, zeros, self.num_steps))
+
+    def evaluate_actions(self, model: Pi0, obs, stored_action, key):
+        del key  # the step Gaussians' entropies are exact
+        prefix, state = self.encode(model, obs)
+        chain, step = stored_action["chain"], stored_action["step"]
+        if self.method == flow_steps.FLOW_SDE:
+            logprob, value = model.chain_logprob(
+                prefix, state, chain, step, method=self.method, noise_level=self.noise_level
+            )
+            # The stochastic step's std is fixed by the schedule: sqrt(1/N) * sigma_k.
+            N = chain.shape[1] - 1
+            std = np.sqrt(1.0 / N) * jnp.asarray(flow_steps.sde_sigmas(N, self.noise_level))[step]
+            entropy = flow_steps.gaussian_entropy(std) * (chain.shape[2] * chain.shape[3])
+            return jnp.sum(logprob, axis=(1, 2)), entropy, value
+        return self._noise_chain_terms(model, prefix, state, chain)
+
+    def _noise_chain_terms(self, model: Pi0, prefix, state, chain):
+        """flow-noise: (log-prob, entropy, value) of the whole chain, all ``N`` steps in one
+        scan (the entropy needs each step's learned std, which `chain_logprob` does not return)."""
+        N = chain.shape[1] - 1
+        steps = jnp.moveaxis(chain, 1, 0)
+
+        def step(totals, inputs):
+            k, t, x, x_next = inputs
+            mean, std, value = model._step_moments(prefix, state, x, k, t, 0.0, None, N, self.method)
+            logp = jnp.sum(flow_steps.gaussian_logprob(x_next, mean, std), axis=(1, 2))
+            ent = jnp.sum(flow_steps.gaussian_entropy(std), axis=(1, 2))
+            return (totals[0] + logp, totals[1] + ent), value
+
+        zeros = jnp.zeros(chain.shape[:1], jnp.float32)
+        xs = (jnp.arange(N), jnp.asarray(flow_steps.step_times(N)), steps[:-1], steps[1:])
+        (logprob, entropy), values = jax.lax.scan(step, (zeros, zeros), xs)
+        return logprob, entropy, values[0]
+
+    def critic(self, model: Pi0, obs):
+        prefix, state = self.encode(model, obs)
+        return model.value(prefix, state)
+
+
+def pi0_policy(cfg, env) -> Pi0Policy:
+    shapes = getattr(env, "observation_shapes", None) or getattr(env.unwrapped, "observation_shapes", None)
+    if not isinstance(shapes, dict) or not {"image", "tokens", "proprio"} <= set(shapes):
+        raise BadInput(
+            f"actor.model.kind=pi0 needs an env with image, tokens and proprio observations; "
+            f"env.suite={cfg.env.suite} has none (use env.suite=tabletop)"
+        )
+    from rlinf_jax.envs.tabletop import vocab_size
+
+    chunk = int(getattr(env.unwrapped, "chunk_length", 1))
+    return Pi0Policy(cfg.actor.model, shapes["image"][0], vocab_size(), chunk, env.action_size, shapes["proprio"][0])

@@ -1,0 +1,212 @@
+"""pi0 as an embodied policy (actor.model.kind=pi0): the rollout's chunk log-prob, the
+trainer's re-scored one and a numpy Gaussian density of the stored chain agree; each env's
+sample depends on its own key alone; the stored chain survives the trainer's reshapes.
+
+The hand references take only the network's velocity (and flow-noise's std head) from the
+model, at the chain's stored states, and rebuild every denoising step's mean, std,
+log-density and entropy in float64 numpy from the piRL formulas."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlinf_jax.config import load_config
+from rlinf_jax.envs import make_env
+from rlinf_jax.errors import BadInput
+
+# A pi0 small enough to compile in seconds: 16 px images (4 patches), one-layer tower,
+# prefix and expert, chunks of 2 sub-steps, 3 denoising steps.
+TINY_PI0 = [
+    "env.num_envs=4",
+    "env.num_eval_envs=4",
+    "env.image_size=16",
+    "env.chunk_length=2",
+    "env.episode_length=4",
+    "algorithm.rollout_length=2",
+    "algorithm.num_minibatches=2",
+    "algorithm.update_epochs=1",
+    "actor.model.vla_patch_size=8",
+    "actor.model.vla_vision_hidden_size=16",
+    "actor.model.vla_vision_layers=1",
+    "actor.model.vla_vision_heads=1",
+    "actor.model.lm_hidden_size=32",
+    "actor.model.lm_intermediate_size=64",
+    "actor.model.lm_num_layers=1",
+    "actor.model.lm_num_heads=2",
+    "actor.model.lm_num_kv_heads=1",
+    "actor.model.pi0_expert_hidden_size=16",
+    "actor.model.pi0_expert_intermediate_size=32",
+    "actor.model.pi0_num_steps=3",
+    "sft.warm_start_steps=0",
+    "runner.progress_bar=false",
+]
+N, H, A = 3, 2, 7
+
+
+def _obs(batch=4, seed=0):
+    from rlinf_jax.envs.tabletop import encode_instruction
+
+    rng = np.random.default_rng(seed)
+    words = ["put the red cube on the blue pad", "put the green ball on the yellow pad", "put the cube on the pad"]
+    return {
+        "image": jnp.asarray(rng.integers(0, 256, (batch, 16, 16, 3)), jnp.uint8),
+        "tokens": jnp.asarray(np.stack([encode_instruction(words[i % 3]) for i in range(batch)])),
+        "proprio": jnp.asarray(rng.normal(size=(batch, 4)), jnp.float32),
+    }
+
+
+class Jitted:
+    """The policy's functions jitted over the model's parameters, plus the raw network
+    outputs (velocity, flow-noise std) the hand references start from."""
+
+    def __init__(self, method: str):
+        from rlinf_jax.policies.embodied import embodied_policy
+
+        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0_method={method}"])
+        self.policy = policy = embodied_policy(cfg, make_env(cfg.env))
+        self.noise_level = cfg.actor.model.pi0_noise_level
+        graphdef, self.params = nnx.split(policy.build(nnx.Rngs(0)))
+        merge = lambda p: nnx.merge(graphdef, p)  # noqa: E731
+        self.act = jax.jit(lambda p, obs, keys: policy.act(merge(p), obs, keys))
+        self.evaluate = jax.jit(lambda p, obs, stored: policy.evaluate_actions(merge(p), obs, stored, None))
+        self.critic = jax.jit(lambda p, obs: policy.critic(merge(p), obs))
+        self.greedy = jax.jit(lambda p, obs: policy.act_deterministic(merge(p), obs))
+
+        def heads(p, obs, x, t):
+            model = merge(p)
+            prefix, state = policy.encode(model, obs)
+            v, std, _ = model._heads(model.expert_hidden(prefix, state, x, jnp.full((x.shape[0],), t)))
+            return v, (jnp.zeros_like(v) if std is None else std)
+
+        self._heads = jax.jit(heads)
+
+    def heads(self, obs, x, t):
+        v, std = self._heads(self.params, obs, jnp.asarray(x, jnp.float32), jnp.float32(t))
+        return np.asarray(v, np.float64), np.asarray(std, np.float64)
+
+
+@pytest.fixture(scope="module")
+def sde():
+    return Jitted("flow_sde")
+
+
+def _gauss(x, mean, std):
+    return -0.5 * ((x - mean) / std) ** 2 - np.log(std) - 0.5 * math.log(2 * math.pi)
+
+
+def test_flow_sde_logprob_is_the_hand_density_of_the_stochastic_step(sde):
+    obs = _obs()
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    action, stored, logprob = sde.act(sde.params, obs, keys)
+    chain, step = np.asarray(stored["chain"], np.float64), np.asarray(stored["step"])
+    assert chain.shape == (4, N + 1, H, A) and step.dtype == np.int32 and ((0 <= step) & (step < N)).all()
+    np.testing.assert_allclose(np.asarray(action), np.clip(chain[:, -1], -1, 1), atol=1e-6)
+
+    a = sde.noise_level
+    ref_logprob, ref_entropy = np.zeros(4), np.zeros(4)
+    for j in range(N):
+        t = 1.0 - j / N
+        v, _ = sde.heads(obs, chain[:, j], t)
+        x, x_next = chain[:, j], chain[:, j + 1]
+        for b in range(4):
+            if step[b] != j:  # a plain Euler step
+                np.testing.assert_allclose(x_next[b], x[b] - v[b] / N, atol=2e-5)
+                continue
+            sigma = a * math.sqrt(t / (1.0 - (1.0 - 1.0 / N if t == 1.0 else t)))
+            mean = x[b] - v[b] / N - sigma**2 / (2 * t * N) * (x[b] + (1 - t) * v[b])
+            std = sigma / math.sqrt(N)
+            ref_logprob[b] = _gauss(x_next[b], mean, std).sum()
+            ref_entropy[b] = H * A * (0.5 * math.log(2 * math.pi * math.e) + math.log(std))
+    np.testing.assert_allclose(np.asarray(logprob), ref_logprob, rtol=1e-4, atol=1e-3)
+
+    again, entropy, value = sde.evaluate(sde.params, obs, stored)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(logprob), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(entropy), ref_entropy, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(sde.critic(sde.params, obs)), rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_action_is_the_euler_ode_from_zero_noise(sde):
+    obs = _obs()
+    x = np.zeros((4, H, A))
+    for j in range(N):
+        v, _ = sde.heads(obs, x, 1.0 - j / N)
+        x = x - v / N
+    np.testing.assert_allclose(np.asarray(sde.greedy(sde.params, obs)), np.clip(x, -1, 1), atol=1e-5)
+
+
+def test_each_env_sample_depends_only_on_its_own_key(sde):
+    obs = _obs()
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    _, batch, logprob = sde.act(sde.params, obs, keys)
+    one = jax.tree.map(lambda x: x[2:3], obs)
+    _, alone, alone_logprob = sde.act(sde.params, one, keys[2:3])
+    np.testing.assert_allclose(np.asarray(alone["chain"][0]), np.asarray(batch["chain"][2]), atol=1e-5)
+    assert int(alone["step"][0]) == int(batch["step"][2])
+    np.testing.assert_allclose(float(alone_logprob[0]), float(logprob[2]), rtol=1e-5, atol=1e-4)
+    # ... and other keys give other chains.
+    assert float(jnp.abs(batch["chain"][0, 0] - batch["chain"][1, 0]).max()) > 0.1
+
+
+def test_flow_noise_logprob_sums_hand_densities_over_every_step():
+    noise = Jitted("flow_noise")
+    obs = _obs(batch=3, seed=1)
+    keys = jax.random.split(jax.random.PRNGKey(11), 3)
+    _, stored, logprob = noise.act(noise.params, obs, keys)
+    chain = np.asarray(stored["chain"], np.float64)
+    assert (np.asarray(stored["step"]) == -1).all()
+    ref_logprob, ref_entropy = np.zeros(3), np.zeros(3)
+    for j in range(N):
+        v, std = noise.heads(obs, chain[:, j], 1.0 - j / N)
+        assert (std >= 0.08 - 1e-6).all() and (std <= 0.16 + 1e-6).all()  # the head's range
+        mean = chain[:, j] - v / N
+        ref_logprob += _gauss(chain[:, j + 1], mean, std).sum(axis=(1, 2))
+        ref_entropy += (0.5 * np.log(2 * math.pi * math.e * std**2)).sum(axis=(1, 2))
+    np.testing.assert_allclose(np.asarray(logprob), ref_logprob, rtol=1e-4, atol=1e-2)
+    again, entropy, value = noise.evaluate(noise.params, obs, stored)
+    np.testing.assert_allclose(np.asarray(again), np.asarray(logprob), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(entropy), ref_entropy, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(noise.critic(noise.params, obs)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("actor.model.pi0_method=ode", "pi0_method='ode' is unknown"),
+        ("actor.model.pi0_num_steps=0", "pi0_num_steps=0 must be >= 1"),
+        ("actor.model.pi0_expert_hidden_size=15", "must be even"),
+        ("actor.model.pi0_noise_level=0", "pi0_noise_level=0.0 must be"),
+    ],
+)
+def test_bad_pi0_settings_are_refused(override, fragment):
+    with pytest.raises(BadInput, match=fragment):
+        load_config("ppo_pi0_tabletop", [*TINY_PI0, override])
+
+
+@pytest.mark.slow
+def test_one_fused_ppo_iteration_rescores_the_stored_chains():
+    """One fused iteration on 2 envs, one minibatch of one epoch: the update sees the
+    parameters that sampled the chains, so after the trainer's flatten / shuffle / minibatch
+    reshapes every re-scored log-prob must equal the rollout's (ratio 1: zero KL, no clipping)."""
+    from rlinf_jax.flow.embodied_runner import build_trainer
+
+    cfg = load_config(
+        "ppo_pi0_tabletop",
+        [*TINY_PI0, "env.num_envs=2", "algorithm.num_minibatches=1", "flow.runner=fused"],
+    )
+    trainer = build_trainer(cfg)
+    state = trainer.init()
+    before = jax.device_get(trainer.snapshot(state)).params
+    state, sums = trainer.run_chunk(state, jnp.int32(1))
+    metrics = trainer.summarize(sums, 1)
+    assert abs(metrics["train/approx_kl"]) < 1e-5, metrics
+    assert metrics["train/clip_frac"] == 0.0, metrics
+    assert metrics["train/skipped_updates"] == 0 and np.isfinite(metrics["train/total_loss"])
+    after = jax.device_get(trainer.snapshot(state)).params
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
+    assert moved > 0.0
