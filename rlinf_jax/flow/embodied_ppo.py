@@ -130,7 +130,7 @@ class PPOTrainer:
         env_state = jax.jit(self.env.reset)(reset_key)
         # Fresh buffers: the chunk donates its state, and init() may be called again.
         params = jax.tree.map(jnp.copy, self._init_params)
-        if self.cfg.sft.warm_start_steps > 0 and self.cfg.actor.model.kind == "vla":
+        if self.cfg.sft.warm_start_steps > 0 and self.cfg.actor.model.kind in ("vla", "pi0"):
             params = self._warm_start(params)
         ts = TrainState(
             params=params,
@@ -150,11 +150,13 @@ class PPOTrainer:
         if getattr(self, "_warm_params", None) is None:
             sft, seed = self.cfg.sft, self.cfg.runner.seed
             data = vla_bc.expert_demos(self.env, sft.num_demos, seed)
-            self._warm_params, loss, acc = vla_bc.behaviour_clone(
-                self.policy, self.graphdef, params, data,
-                steps=sft.warm_start_steps, lr=sft.lr, batch_size=sft.batch_size, seed=seed, log=print,
-            )
-            self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/bin_accuracy": float(acc[-1])}
+            fit = dict(steps=sft.warm_start_steps, lr=sft.lr, batch_size=sft.batch_size, seed=seed, log=print)
+            if self.cfg.actor.model.kind == "pi0":  # flow matching on the expert's chunks
+                self._warm_params, loss, error = vla_bc.flow_matching_clone(self.policy, self.graphdef, params, data, **fit)
+                self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/action_error": error}
+            else:
+                self._warm_params, loss, acc = vla_bc.behaviour_clone(self.policy, self.graphdef, params, data, **fit)
+                self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/bin_accuracy": float(acc[-1])}
         return jax.tree.map(jnp.copy, self._warm_params)
 
     def place(self, ts: TrainState) -> TrainState:
