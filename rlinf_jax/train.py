@@ -1,8 +1,9 @@
 """`python -m rlinf_jax.train [--config-name NAME] [key=value ...]`: config -> flow -> run.
 
-``runner.task`` picks the flow: ``embodied`` (PPO on a batched env), ``sft`` (supervised
-fine-tuning of a language model) or ``reasoning`` (RL of a language model on verifiable
-rewards).
+``runner.task`` picks the flow: ``embodied`` (PPO / GRPO on a batched env, MLP or VLA
+policy), ``sft`` (supervised fine-tuning of a language model, or with
+``actor.model.kind=vla`` behaviour cloning of a VLA on expert demonstrations) or
+``reasoning`` (RL of a language model on verifiable rewards).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _print_lm_summary(summary, console):
     warm = "" if summary.warm_start is None else f"\n  warm start         {summary.warm_start}"
     console.print(
         f"[bold]done[/bold]: {summary.steps} {summary.task} steps{resumed}\n"
-        f"  eval accuracy      {acc(summary.initial_accuracy)} at step 0 -> {acc(summary.eval_accuracy)}\n"
+        f"  eval {summary.metric:<13} {acc(summary.initial_accuracy)} at step 0 -> {acc(summary.eval_accuracy)}\n"
         f"  samples/s          {summary.samples_per_sec:,.1f}\n"
         f"  wall time          {summary.wall_sec:.1f} s{warm}\n"
         f"  saved in           {summary.run_dir}"
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
 
         if cfg.runner.task == "embodied":
             from rlinf_jax.flow.embodied_runner import run
+        elif cfg.runner.task == "sft" and cfg.actor.model.kind == "vla":
+            from rlinf_jax.flow.vla_sft import run  # behaviour cloning of a VLA on expert demos
         else:
             from rlinf_jax.flow.reasoning_runner import run
         try:

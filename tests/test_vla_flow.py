@@ -189,7 +189,8 @@ from rlinf_jax.flow.embodied_runner import build_trainer
 
 out = {}
 for name, extra in {"fused": ["flow.runner=fused"],
-                    "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"]}.items():
+                    "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"],
+                    "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"]}.items():
     trainer = build_trainer(load_config("ppo_vla_tabletop", sys.argv[1:] + extra))
     state = trainer.init()
     state, sums = trainer.run_iterations(state, 1) if name != "fused" else trainer.run_chunk(state, jnp.int32(1))
@@ -201,9 +202,11 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_vla_ppo_iteration_is_the_same_collocated_and_disaggregated():
+def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
+    # Hybrid: env on device 0, rollout on device 1, the batch in 2 micro-batches streaming
+    # between them (cached resets, which micro-batches can split), the actor on both.
     proc = subprocess.run(
-        [sys.executable, "-c", _MODES, *TINY_VLA],
+        [sys.executable, "-c", _MODES, *TINY_VLA, "env.reset_mode=cached"],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -211,11 +214,13 @@ def test_vla_ppo_iteration_is_the_same_collocated_and_disaggregated():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    ref, got = out["fused"], out["disaggregated"]
-    for key, value in ref["metrics"].items():
-        np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=key)
-    for a, b in zip(got["params"], ref["params"]):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4)
+    ref = out["fused"]
+    for name in ("disaggregated", "hybrid"):
+        got = out[name]
+        for key, value in ref["metrics"].items():
+            np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
+        for a, b in zip(got["params"], ref["params"]):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4, err_msg=name)
 
 
 def _read_png(path):
@@ -253,15 +258,32 @@ def test_image_strip_lays_episodes_in_rows_and_round_trips_through_png(tmp_path)
 
 
 @pytest.mark.slow
-def test_train_then_evaluate_reports_every_split_and_saves_a_strip(tmp_path):
+def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_path):
     from tests.conftest import run_cli
 
-    run = [*TINY_VLA, "runner.max_steps=1", "runner.eval_interval=1", f"runner.output_dir={tmp_path}",
-           "runner.experiment_name=v"]
-    proc = run_cli(["--config-name", "ppo_vla_tabletop", *run])
+    out = f"runner.output_dir={tmp_path}"
+    sft = [*TINY_VLA, "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4", "sft.batch_size=8", out]
+    proc = run_cli(["--config-name", "sft_vla_tabletop", *sft, "runner.experiment_name=s"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    last = json.loads((tmp_path / "v" / "metrics.jsonl").read_text().strip().splitlines()[-1])
+    records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and "eval/success/vision" in records[0]
+    assert records[-1]["step"] == 4 and np.isfinite(records[-1]["train/bc_loss"])
+
+    # PPO starts from the SFT run's parameters: its step-0 evaluation is theirs.
+    run = [*TINY_VLA, "runner.max_steps=1", "runner.eval_interval=1", out, f"actor.model.path={tmp_path / 's'}"]
+    proc = run_cli(["--config-name", "ppo_vla_tabletop", *run, "runner.experiment_name=v"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["eval/return"] == pytest.approx(
+        [r for r in (json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines())
+         if r["step"] == 4][0]["eval/return"], rel=1e-5)
+    last = records[-1]
     assert {f"eval/success/{s}" for s in ("train", "vision", "semantic", "execution")} <= set(last)
+    # A run that is not a VLA SFT run is refused in one line, and nothing is written.
+    proc = run_cli(["--config-name", "ppo_vla_tabletop", *run, "runner.experiment_name=w",
+                    f"actor.model.path={tmp_path / 'v'}"])
+    assert proc.returncode == 2 and "runner.task=embodied run" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "w").exists()
 
     strip = tmp_path / "strip.png"
     cmd = [sys.executable, "-m", "rlinf_jax.evaluate", str(tmp_path / "v"), "--strip", str(strip), "--strip-episodes", "2"]

@@ -125,14 +125,24 @@ class PPOTrainer:
         return optax.chain(optax.clip_by_global_norm(o.max_grad_norm), optax.adam(lr))
 
     def init(self) -> TrainState:
+        # Fresh buffers: the chunk donates its state, and init() may be called again.
+        params = jax.tree.map(jnp.copy, self._init_params)
+        m = self.cfg.actor.model
+        if m.kind == "vla" and m.path:
+            from rlinf_jax.flow.vla_sft import load_params
+
+            params = load_params(self.cfg, self, params)  # a supervised (sft_vla_tabletop) run
+            self.warm_start_metrics = {}  # evaluated at step 0 like a warm start
+        elif self.cfg.sft.warm_start_steps > 0 and m.kind in ("vla", "pi0"):
+            params = self._warm_start(params)
+        return self.place(self.fresh_state(params))
+
+    def fresh_state(self, params) -> TrainState:
+        """The state of step 0 around ``params``: new optimiser state, reset envs, the seed's key."""
         key = jax.random.PRNGKey(self.cfg.runner.seed)
         key, reset_key = jax.random.split(key)
         env_state = jax.jit(self.env.reset)(reset_key)
-        # Fresh buffers: the chunk donates its state, and init() may be called again.
-        params = jax.tree.map(jnp.copy, self._init_params)
-        if self.cfg.sft.warm_start_steps > 0 and self.cfg.actor.model.kind in ("vla", "pi0"):
-            params = self._warm_start(params)
-        ts = TrainState(
+        return TrainState(
             params=params,
             opt_state=self.tx.init(params),
             obs_stats=normalization.init_stats(self._stats_size()),
@@ -141,7 +151,6 @@ class PPOTrainer:
             step=jnp.zeros((), jnp.int32),
             bad_iterations=jnp.zeros((), jnp.int32),
         )
-        return self.place(ts)
 
     def _warm_start(self, params):
         """Behaviour cloning from the scripted expert (see `flow.vla_bc`), once per run."""

@@ -139,7 +139,8 @@ class StagedPPO:
 
     # ------------------------------------------------------------------ stages
     def _infer(self, params, stats, obs, rollout_key, t, first_env):
-        keys = env_keys(step_keys(rollout_key, self.T)[t], obs.shape[0], first_env)
+        batch = jax.tree.leaves(obs)[0].shape[0]  # observations may be a pytree (image, tokens, ...)
+        keys = env_keys(step_keys(rollout_key, self.T)[t], batch, first_env)
         return self.core.policy_fn(params, stats)(obs, keys)
 
     def _env_step(self, state, action):

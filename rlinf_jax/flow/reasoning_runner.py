@@ -45,6 +45,7 @@ class LMRunSummary:
     wall_sec: float
     resumed_from: int | None
     warm_start: Path | None
+    metric: str = "accuracy"  # what initial_accuracy / eval_accuracy measure (VLA SFT: success)
 
 
 # ----------------------------------------------------------------------------- warm start
