@@ -262,7 +262,10 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     from tests.conftest import run_cli
 
     out = f"runner.output_dir={tmp_path}"
-    sft = [*TINY_VLA, "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4", "sft.batch_size=8", out]
+    # Demos need episodes long enough for the expert to finish (it needs about 24 sub-steps);
+    # the SFT run's config, not the RL run's, shapes the state its checkpoint is read onto.
+    sft = [*TINY_VLA, "env.episode_length=32", "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4",
+           "sft.batch_size=8", out]
     proc = run_cli(["--config-name", "sft_vla_tabletop", *sft, "runner.experiment_name=s"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
@@ -295,3 +298,28 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     assert _read_png(strip).shape == (2 * 16 + 1, 3 * 16 + 2, 3)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_bf16_backbone_keeps_float32_parameters_and_close_logits():
+    cfg, policy32, model32 = _policy()
+    _, policy16, model16 = _policy("actor.model.dtype=bfloat16")
+    assert policy16.dtype == jnp.bfloat16
+    params = nnx.state(model16, nnx.Param)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    nnx.update(model16, nnx.state(model32, nnx.Param))  # same weights, bf16 compute
+    obs = _obs()
+    l32, _ = model32(obs)
+    l16, _ = model16(obs)
+    assert l16.dtype == jnp.float32  # logits come out in float32 either way
+    assert float(jnp.abs(l16 - l32).max()) < 0.05 * float(jnp.abs(l32).max()) + 0.05
+
+
+def test_gpu_recipe_builds_a_model_of_realistic_size():
+    from rlinf_jax.policies.embodied import embodied_policy
+
+    cfg = load_config("ppo_vla_tabletop_gpu", ["env.num_envs=4", "env.num_eval_envs=4"])
+    policy = embodied_policy(cfg, make_env(cfg.env))
+    abstract = nnx.eval_shape(lambda: policy.build(nnx.Rngs(0)))
+    n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert 80e6 < n < 150e6, n
+    assert policy.num_slots == 8 * 7 and policy.dtype == jnp.bfloat16

@@ -76,9 +76,13 @@ class ChunkActorCritic(nnx.Module):
     """An OFT policy (OpenVLA backbone + parallel action slots, discrete head), a
     proprioception token and a value head on the last prompt state."""
 
-    def __init__(self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs
+    ):
         d = config.text.hidden_size
-        self.oft = OFTPolicy(OpenVLA(config, rngs=rngs), OFTConfig(chunk, action_dim, "discrete"), rngs=rngs)
+        # ``dtype`` is the backbone's compute dtype; parameters stay float32 for the optimiser.
+        vla = OpenVLA(config, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.oft = OFTPolicy(vla, OFTConfig(chunk, action_dim, "discrete"), rngs=rngs)
         self.proprio = nnx.Linear(proprio_size, d, rngs=rngs)
         self.value = ValueHead(d, (d,), rngs=rngs)
 
@@ -106,10 +110,13 @@ class ChunkVLAPolicy:
         self.chunk_length, self.action_size, self.proprio_size = chunk_length, action_size, proprio_size
         self.num_slots = chunk_length * action_size
         self.temperature = float(model_cfg.vla_temperature)
+        self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
         self.tokenizer = self.config.tokenizer
 
     def build(self, rngs: nnx.Rngs) -> ChunkActorCritic:
-        return ChunkActorCritic(self.config, self.chunk_length, self.action_size, self.proprio_size, rngs=rngs)
+        return ChunkActorCritic(
+            self.config, self.chunk_length, self.action_size, self.proprio_size, dtype=self.dtype, rngs=rngs
+        )
 
     def env_action(self, bins: jax.Array) -> jax.Array:
         """Bin indices ``[B, slots]`` -> bin centres ``[B, chunk, 7]`` in [-1, 1]."""
