@@ -19,46 +19,21 @@ from flax import nnx
 from rlinf_jax.config import load_config
 from rlinf_jax.envs import make_env
 from rlinf_jax.errors import BadInput
+from tests.test_vla_flow import TINY_VLA
+from tests.test_vla_flow import _obs as vla_obs
 
-# A pi0 small enough to compile in seconds: 16 px images (4 patches), one-layer tower,
-# prefix and expert, chunks of 2 sub-steps, 3 denoising steps.
+# The tiny VLA's sizes plus a one-layer expert and 3 denoising steps.
 TINY_PI0 = [
-    "env.num_envs=4",
-    "env.num_eval_envs=4",
-    "env.image_size=16",
-    "env.chunk_length=2",
-    "env.episode_length=4",
-    "algorithm.rollout_length=2",
-    "algorithm.num_minibatches=2",
-    "algorithm.update_epochs=1",
-    "actor.model.vla_patch_size=8",
-    "actor.model.vla_vision_hidden_size=16",
-    "actor.model.vla_vision_layers=1",
-    "actor.model.vla_vision_heads=1",
-    "actor.model.lm_hidden_size=32",
-    "actor.model.lm_intermediate_size=64",
-    "actor.model.lm_num_layers=1",
-    "actor.model.lm_num_heads=2",
-    "actor.model.lm_num_kv_heads=1",
+    *TINY_VLA,
     "actor.model.pi0_expert_hidden_size=16",
     "actor.model.pi0_expert_intermediate_size=32",
     "actor.model.pi0_num_steps=3",
-    "sft.warm_start_steps=0",
-    "runner.progress_bar=false",
 ]
 N, H, A = 3, 2, 7
 
 
 def _obs(batch=4, seed=0):
-    from rlinf_jax.envs.tabletop import encode_instruction
-
-    rng = np.random.default_rng(seed)
-    words = ["put the red cube on the blue pad", "put the green ball on the yellow pad", "put the cube on the pad"]
-    return {
-        "image": jnp.asarray(rng.integers(0, 256, (batch, 16, 16, 3)), jnp.uint8),
-        "tokens": jnp.asarray(np.stack([encode_instruction(words[i % 3]) for i in range(batch)])),
-        "proprio": jnp.asarray(rng.normal(size=(batch, 4)), jnp.float32),
-    }
+    return vla_obs(batch, seed)
 
 
 class Jitted:

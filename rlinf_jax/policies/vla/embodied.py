@@ -31,15 +31,14 @@ from rlinf_jax.policies.vla.openvla import OpenVLA, OpenVLAConfig
 from rlinf_jax.policies.vla.vit import ViTConfig
 
 
-def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig:
-    """An OpenVLA-shaped model of the sizes ``actor.model`` names: one SigLIP-style tower,
-    a Llama backbone whose vocabulary is the instruction words plus the action bins."""
+def tower_config(model_cfg, image_size: int, *, final_norm: bool) -> ViTConfig:
+    """The SigLIP-style vision tower ``actor.model.vla_*`` describes, for ``image_size`` px."""
     m = model_cfg
     if image_size % m.vla_patch_size:
         raise BadInput(
             f"actor.model.vla_patch_size={m.vla_patch_size} does not divide the env's {image_size} px images"
         )
-    vision = ViTConfig(
+    return ViTConfig(
         model_type="siglip_vision_model",
         hidden_size=m.vla_vision_hidden_size,
         intermediate_size=4 * m.vla_vision_hidden_size,
@@ -48,8 +47,15 @@ def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAC
         image_size=image_size,
         patch_size=m.vla_patch_size,
         gelu_approximate=True,
-        final_norm=False,
+        final_norm=final_norm,
     )
+
+
+def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig:
+    """An OpenVLA-shaped model of the sizes ``actor.model`` names: one SigLIP-style tower,
+    a Llama backbone whose vocabulary is the instruction words plus the action bins."""
+    m = model_cfg
+    vision = tower_config(m, image_size, final_norm=False)
     head_dim = m.lm_hidden_size // m.lm_num_heads
     text = LMConfig(
         model_type="llama",

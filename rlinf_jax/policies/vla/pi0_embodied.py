@@ -36,33 +36,20 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig, RopeConfig
 from rlinf_jax.policies.vla import flow_steps
+from rlinf_jax.policies.vla.embodied import tower_config
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 from rlinf_jax.policies.vla.pi0 import Pi0, Pi0Config, Prefix
-from rlinf_jax.policies.vla.vit import ViTConfig
 
 
 def tiny_pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
     """A pi0 of the sizes ``actor.model`` names (``vla_*`` tower, ``lm_*`` Gemma prefix,
     ``pi0_expert_*`` action expert), for ``chunk x action_dim`` chunks and a ``state_dim`` state."""
     m = model_cfg
-    if image_size % m.vla_patch_size:
-        raise BadInput(
-            f"actor.model.vla_patch_size={m.vla_patch_size} does not divide the env's {image_size} px images"
-        )
+    vision = tower_config(m, image_size, final_norm=True)
     if m.lm_hidden_size % m.lm_num_heads:
         raise BadInput(
             f"actor.model.lm_hidden_size={m.lm_hidden_size} is not a multiple of lm_num_heads={m.lm_num_heads}"
         )
-    vision = ViTConfig(
-        model_type="siglip_vision_model",
-        hidden_size=m.vla_vision_hidden_size,
-        intermediate_size=4 * m.vla_vision_hidden_size,
-        num_layers=m.vla_vision_layers,
-        num_heads=m.vla_vision_heads,
-        image_size=image_size,
-        patch_size=m.vla_patch_size,
-        gelu_approximate=True,
-    )
     head_dim = m.lm_hidden_size // m.lm_num_heads
 
     def gemma(hidden: int, intermediate: int) -> LMConfig:
