@@ -29,6 +29,7 @@ from rlinf_jax.policies.lm import (
 )
 from rlinf_jax.policies.lm.tiny import save_tiny
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+from tests.test_lm_parity import hf_logits, left_padded_batch
 
 torch.set_num_threads(1)
 VOCAB = 301
@@ -41,20 +42,8 @@ def gemma(tmp_path_factory):
 
 
 def left_padded(seed, batch, length, pads):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, VOCAB, (batch, length))
-    mask = np.ones((batch, length), np.int64)
-    for row, n in enumerate(pads):
-        ids[row, :n] = 0
-        mask[row, :n] = 0
-    return ids, mask
-
-
-def hf_logits(hf, ids, mask):
-    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    with torch.no_grad():
-        out = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos))
-    return out.logits.float().numpy()
+    # Real tokens from id 1: id 0 is the pad.
+    return left_padded_batch(seed, batch, length, pads, vocab=VOCAB, low=1)
 
 
 def test_config_reads_gemma_switches(gemma):

@@ -29,9 +29,9 @@ def family(request, tmp_path_factory):
     return request.param, path, hf
 
 
-def left_padded_batch(seed=0, batch=3, length=11, pads=(0, 4, 1)):
+def left_padded_batch(seed=0, batch=3, length=11, pads=(0, 4, 1), vocab=VOCAB, low=0):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(0, VOCAB, (batch, length))
+    ids = rng.integers(low, vocab, (batch, length))
     mask = np.ones((batch, length), np.int64)
     for row, n in enumerate(pads):
         mask[row, :n] = 0

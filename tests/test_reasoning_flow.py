@@ -16,8 +16,8 @@ import pytest
 from rlinf_jax.runtime import read_metrics
 from rlinf_jax.train import main
 
-# A 2-layer, 64-wide model: a 60-step warm start answers a few single-digit sums.
-TINY = [
+# A 2-layer, 64-wide model on single-digit sums: a 60-step warm start answers a few.
+TINY_LM = [
     "actor.model.lm_hidden_size=64",
     "actor.model.lm_intermediate_size=128",
     "actor.model.lm_num_layers=2",
@@ -28,6 +28,9 @@ TINY = [
     "data.eval_size=32",
     "rollout.max_new_tokens=12",
     "rollout.eval_batch_size=32",
+]
+TINY = [
+    *TINY_LM,
     "runner.progress_bar=false",
     "runner.tensorboard=false",
     "data.rollout_batch_size=8",

@@ -25,6 +25,7 @@ import pytest
 from rlinf_jax.runtime import read_metrics
 from tests import test_launch
 from tests.test_launch import _assert_close, _clean_env, _launch
+from tests.test_reasoning_flow import TINY_LM
 
 # The embodied launcher tests' local Ray cluster (4 logical CPUs, bound to localhost).
 ray_address = test_launch.ray_address
@@ -33,16 +34,7 @@ ray_address = test_launch.ray_address
 # so GRPO's groups see different rewards and the advantages are not all zero.
 RUN = [
     "--config-name", "grpo_math",
-    "actor.model.lm_hidden_size=64",
-    "actor.model.lm_intermediate_size=128",
-    "actor.model.lm_num_layers=2",
-    "actor.model.lm_num_heads=2",
-    "actor.model.lm_num_kv_heads=1",
-    "data.train_levels=[1]",
-    "data.eval_levels=[1]",
-    "data.eval_size=32",
-    "rollout.max_new_tokens=12",
-    "rollout.eval_batch_size=32",
+    *TINY_LM,
     "data.rollout_batch_size=8",
     "algorithm.group_size=4",
     "actor.global_batch_size=32",

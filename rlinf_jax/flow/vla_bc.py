@@ -62,28 +62,41 @@ def expert_bins(policy, actions: np.ndarray) -> np.ndarray:
     return (ids - tok.first_id).reshape(len(actions), -1).astype(np.int32)
 
 
+def bc_arrays(policy, data: dict) -> dict:
+    """Demonstration steps on the device: the observation parts and the expert's bins."""
+    arrays = {k: jnp.asarray(data[k]) for k in ("image", "tokens", "proprio")}
+    arrays["bins"] = jnp.asarray(expert_bins(policy, data["action"]))
+    return arrays
+
+
+def bc_step(policy, graphdef, tx, arrays: dict, batch_size: int, params, opt_state, key):
+    """One optimiser step of `bc_loss` on ``batch_size`` demonstration steps drawn with
+    ``key``: ``(params, opt_state, loss, bin accuracy)``. Jittable."""
+    n = arrays["bins"].shape[0]
+    idx = jax.random.choice(key, n, (batch_size,), replace=False)
+    batch = jax.tree.map(lambda x: x[idx], arrays)
+
+    def loss_fn(p):
+        return bc_loss(policy, nnx.merge(graphdef, p), batch)
+
+    (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, acc
+
+
 def behaviour_clone(policy, graphdef, params, data: dict, *, steps: int, lr: float, batch_size: int, seed: int, log=None):
     """``steps`` Adam steps of `bc_loss` on minibatches of ``data``; returns the new params
     and the per-step (loss, accuracy) history as numpy arrays."""
     n = len(data["action"])
-    if batch_size > n:
-        batch_size = n
-    arrays = {k: jnp.asarray(data[k]) for k in ("image", "tokens", "proprio")}
-    arrays["bins"] = jnp.asarray(expert_bins(policy, data["action"]))
+    batch_size = min(batch_size, n)
+    arrays = bc_arrays(policy, data)
     tx = optax.adam(lr)
-
-    def loss_fn(p, batch):
-        return bc_loss(policy, nnx.merge(graphdef, p), batch)
 
     @jax.jit
     def train(params, key):
         def step(carry, k):
-            p, opt = carry
-            idx = jax.random.choice(k, n, (batch_size,), replace=False)
-            batch = jax.tree.map(lambda x: x[idx], arrays)
-            (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch)
-            updates, opt = tx.update(grads, opt, p)
-            return (optax.apply_updates(p, updates), opt), (loss, acc)
+            p, opt, loss, acc = bc_step(policy, graphdef, tx, arrays, batch_size, *carry, k)
+            return (p, opt), (loss, acc)
 
         (params, _), hist = jax.lax.scan(step, (params, tx.init(params)), jax.random.split(key, steps))
         return params, hist

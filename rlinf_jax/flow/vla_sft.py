@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
@@ -60,22 +59,18 @@ class VLASFTTrainer:
     def load_demos(self) -> None:
         sft, seed = self.cfg.sft, self.cfg.runner.seed
         data = vla_bc.expert_demos(self.core.env, sft.num_demos, seed)
-        arrays = {k: jnp.asarray(data[k]) for k in ("image", "tokens", "proprio")}
-        arrays["bins"] = jnp.asarray(vla_bc.expert_bins(self.policy, data["action"]))
-        self.data = arrays
+        self.data = vla_bc.bc_arrays(self.policy, data)
         self.num_examples = len(data["action"])
         self.batch_size = min(sft.batch_size, self.num_examples)
 
         def steps(ts: TrainState, n):
             def step(i, carry):
                 ts, loss_sum, acc_sum = carry
-                key = jax.random.fold_in(ts.key, ts.step)
-                idx = jax.random.choice(key, self.num_examples, (self.batch_size,), replace=False)
-                batch = jax.tree.map(lambda x: x[idx], self.data)
-                loss_fn = lambda p: vla_bc.bc_loss(self.policy, nnx.merge(self.graphdef, p), batch)  # noqa: E731
-                (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(ts.params)
-                updates, opt_state = self.tx.update(grads, ts.opt_state, ts.params)
-                ts = ts.replace(params=optax.apply_updates(ts.params, updates), opt_state=opt_state, step=ts.step + 1)
+                key = jax.random.fold_in(ts.key, ts.step)  # a resumed run draws what it would have
+                params, opt_state, loss, acc = vla_bc.bc_step(
+                    self.policy, self.graphdef, self.tx, self.data, self.batch_size, ts.params, ts.opt_state, key
+                )
+                ts = ts.replace(params=params, opt_state=opt_state, step=ts.step + 1)
                 return ts, loss_sum + loss, acc_sum + acc
 
             zero = jnp.zeros((), jnp.float32)
