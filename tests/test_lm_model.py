@@ -99,6 +99,29 @@ def test_hidden_states_feed_logits_and_positions_follow_mask():
     )
 
 
+def test_output_cols_equal_the_full_pass_sliced_in_values_and_gradients():
+    # The last layer then runs on the named columns only; every number must be the full
+    # pass's, and so must the gradients a trainer takes through those columns.
+    model = random_model(tiny_config())
+    ids = jnp.asarray(np.random.default_rng(3).integers(0, 53, (2, 9)), jnp.int32)
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 9], bool)
+    weights = jnp.asarray(np.random.default_rng(4).normal(size=(2, 4, 40)), jnp.float32)
+
+    def full(m):
+        return m.hidden_states(ids, mask)[:, 3:7]
+
+    def cols(m):
+        return m.hidden_states(ids, mask, output_cols=(3, 4))
+
+    np.testing.assert_allclose(np.asarray(jax.jit(cols)(model)), np.asarray(jax.jit(full)(model)), atol=1e-5)
+    g_full = jax.jit(nnx.grad(lambda m: jnp.sum(full(m) * weights)))(model)
+    g_cols = jax.jit(nnx.grad(lambda m: jnp.sum(cols(m) * weights)))(model)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_cols)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="output_cols"):
+        model.hidden_states(ids, mask, output_cols=(6, 4))
+
+
 def test_gradients_are_finite_with_fully_masked_rows():
     model = random_model(tiny_config())
     ids = jnp.zeros((2, 6), jnp.int32)

@@ -258,12 +258,16 @@ def decode_responses(tokenizer, tokens, mask) -> list[str]:
 
 
 def response_hidden(model: CausalLM, prompt_ids, prompt_mask, tokens, response_mask):
-    """Final hidden states ``[B, N, embed]`` at the columns that predict each response token."""
+    """Final hidden states ``[B, N, embed]`` at the columns that predict each response token.
+
+    Column ``P - 1 + t`` predicts response token ``t``. The last response token predicts
+    nothing scored and, by causality, no scored column sees it, so it is left out of the
+    input; the model's last layer runs only on the ``N`` scored columns (``output_cols``).
+    """
     P, N = prompt_ids.shape[1], tokens.shape[1]
-    ids = jnp.concatenate([prompt_ids, tokens], axis=1)
-    mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(jnp.int32)
-    hidden = model.hidden_states(ids, mask)
-    return jax.lax.dynamic_slice_in_dim(hidden, P - 1, N, axis=1)
+    ids = jnp.concatenate([prompt_ids, tokens[:, :-1]], axis=1)
+    mask = jnp.concatenate([prompt_mask, response_mask[:, :-1]], axis=1).astype(jnp.int32)
+    return model.hidden_states(ids, mask, output_cols=(P - 1, N))
 
 
 def token_logprobs(logits, tokens, temperature: float = 1.0):

@@ -99,21 +99,31 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, batch, length, rope, mask, kv=None, cache_index=None):
-        """x ``[B*T, embed]`` -> ``([B*T, embed], (keys, values) or None)``.
+    def __call__(self, x, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None):
+        """x ``[B*T, embed]`` -> ``([B*Q, embed], (keys, values) or None)``.
 
         With ``kv`` (this layer's cached keys / values) the new keys are written at slot
         ``cache_index`` and the queries attend over the whole cache.
+
+        ``query_cols = (start, Q)`` (no cache): keys and values come from all ``T`` columns,
+        queries only from columns ``start .. start + Q - 1`` (``Q = T`` without it). A last
+        layer whose output is read at a few columns skips the rest of its queries.
         """
         B, T = batch, length
         K, G, D = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
-        q = self.q_proj(x).reshape(B, T, K * G, D)
+        cos, sin = rope
+        xq, cq, sq, Q = x, cos, sin, T
+        if query_cols is not None:
+            start, Q = query_cols
+            xq = x.reshape(B, T, -1)[:, start : start + Q].reshape(B * Q, -1)
+            cq, sq = cos[:, start : start + Q], sin[:, start : start + Q]
+            mask = mask[:, start : start + Q]
+        q = self.q_proj(xq).reshape(B, Q, K * G, D)
         k = self.k_proj(x).reshape(B, T, K, D)
         v = self.v_proj(x).reshape(B, T, K, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cq, sq), apply_rope(k, cos, sin)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
         new_kv = None
         if kv is not None:
@@ -122,5 +132,5 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_update_slice(cached_k, k.astype(cached_k.dtype), start)
             v = jax.lax.dynamic_update_slice(cached_v, v.astype(cached_v.dtype), start)
             new_kv = (k, v)
-        out = attend(q.reshape(B, T, K, G, D), k.astype(q.dtype), v.astype(q.dtype), mask)
-        return self.o_proj(out.reshape(B * T, K * G * D)), new_kv
+        out = attend(q.reshape(B, Q, K, G, D), k.astype(q.dtype), v.astype(q.dtype), mask)
+        return self.o_proj(out.reshape(B * Q, K * G * D)), new_kv

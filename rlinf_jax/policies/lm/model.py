@@ -47,8 +47,13 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config, **kw)
 
-    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None):
-        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index)
+    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None):
+        """``h [B*T, embed]`` -> ``[B*Q, embed]``: ``Q = T``, or the columns ``query_cols``
+        names (``(start, Q)``, see `Attention`)."""
+        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index, query_cols)
+        if query_cols is not None:
+            start, n = query_cols
+            h = h.reshape(batch, length, -1)[:, start : start + n].reshape(batch * n, -1)
         h = h + a
         h = h + self.mlp(self.mlp_norm(h))
         return h, new_kv
@@ -96,8 +101,14 @@ class CausalLM(nnx.Module):
         *,
         inputs_embeds=None,
         mask=None,
+        output_cols=None,
     ):
         """Final-norm hidden states ``[B, T, embed]`` (and the new cache when ``cache`` is given).
+
+        ``output_cols = (start, n)`` (no cache) returns only columns ``start .. start + n - 1``,
+        ``[B, n, embed]``: the last layer then runs its queries, output projection and MLP on
+        those columns alone (every earlier layer is still needed at all columns, for keys and
+        values). A trainer that scores only the response saves the last layer's prompt work.
 
         Without a cache, ``attention_mask`` is ``[B, T]`` (1 = real token). With a cache it
         covers every cache slot, ``[B, S]``, and the ``T`` new tokens go to slots
@@ -142,14 +153,21 @@ class CausalLM(nnx.Module):
             h = self.embed(input_ids.reshape(B * T))
         else:
             h = inputs_embeds.reshape(B * T, -1).astype(self.dtype)
+        if output_cols is not None:
+            if cache is not None:
+                raise ValueError("output_cols is for cache-free (training) calls")
+            output_cols = (int(output_cols[0]), int(output_cols[1]))
+            if output_cols[0] < 0 or output_cols[1] < 1 or sum(output_cols) > T:
+                raise ValueError(f"output_cols={output_cols} must lie inside the {T} input columns")
         new_keys, new_values = [], []
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            h, new_kv = layer(h, B, T, rope, mask, kv, cache_index)
+            h, new_kv = layer(h, B, T, rope, mask, kv, cache_index, output_cols if i == last else None)
             if new_kv is not None:
                 new_keys.append(new_kv[0])
                 new_values.append(new_kv[1])
-        h = self.final_norm(h).reshape(B, T, -1)
+        h = self.final_norm(h).reshape(B, T if output_cols is None else output_cols[1], -1)
         if cache is None:
             return h
         return h, KVCache(tuple(new_keys), tuple(new_values))
