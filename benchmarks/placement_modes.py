@@ -3,15 +3,19 @@
 
 For each device count (``--devices 2,8``; forced host devices on a CPU, the real ones on
 a GPU machine) a child process builds the same workload in every layout on the same
-devices and times ``--iterations`` training iterations after a warm-up:
+devices, compiles and warms each, and then times ``--iterations`` training iterations of
+each layout in turn, ``--repeats`` rounds over the layouts; a layout's figure is the
+median of its rounds. Interleaving the rounds spreads slow phases of a shared machine
+over every layout instead of charging them to whichever ran at the time.
 
 * ``collocated``: env, rollout and actor on all devices; the fused single-jit iteration;
-* ``disaggregated``: the preset split (env+rollout | actor, or env | rollout | actor);
-  the next rollout overlaps the current update (``flow.max_staleness=1``);
+* ``disaggregated``: env and rollout on the first half of the devices, the actor on the
+  other half (the preset on 2 devices); the next rollout overlaps the current update
+  (``flow.max_staleness=1``);
 * ``hybrid``: env and rollout on disjoint halves, the actor on all devices, the env batch
   in 2 micro-batches streaming between env and rollout (``max_staleness=1`` too);
 * ``auto``: `cluster.component_placement=auto`'s choice, with its predicted throughput
-  next to the one then measured.
+  next to the one then measured (timed in the same rounds).
 
 The workload (``--workload``): ``mlp`` is an MJX env (Brax ``inverted_pendulum`` on the
 ``mjx`` backend) with a policy of 3 x 512 units, so one policy inference costs about what
@@ -19,11 +23,12 @@ one sim step costs; ``vla`` is the tiny VLA of ``ppo_vla_tabletop`` on the rende
 tabletop (see benchmarks/vla_modes.py, which runs it), without auto-placement.
 
 The last line of stdout is one JSON object: per device count every mode's env-steps/s,
-``ratio`` = best pipelined mode / collocated, and auto's predicted vs measured; top-level
-``ratio`` is the smallest per-device-count ratio (the conservative figure).
+``ratio`` = best pipelined layout / collocated (auto's counts when it chose a pipelined
+layout: it is one the user gets from config alone), and auto's predicted vs measured;
+top-level ``ratio`` is the smallest per-device-count ratio (the conservative figure).
 
     python benchmarks/placement_modes.py                 # 2 and 8 devices, ~6 min on 2 CPU cores
-    python benchmarks/placement_modes.py --devices 2 --iterations 10
+    python benchmarks/placement_modes.py --devices 2 --iterations 10 --repeats 5
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -55,27 +61,47 @@ VLA_WORKLOAD = ["env.reset_mode=cached", "sft.warm_start_steps=0", "runner.progr
 
 WORKLOADS = {"mlp": ("ppo_brax", MLP_WORKLOAD, True), "vla": ("ppo_vla_tabletop", VLA_WORKLOAD, False)}
 
-MODES = {
-    "collocated": ["cluster.component_placement=collocated"],
-    "disaggregated": ["cluster.component_placement=disaggregated", "flow.max_staleness=1"],
-    "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2", "flow.max_staleness=1"],
-}
+def modes(num_devices: int) -> dict[str, list[str]]:
+    """Each layout's overrides on ``num_devices`` devices."""
+    n, half = num_devices, num_devices // 2
+    # Env and rollout alternate at every step, so the disaggregated layout keeps them
+    # together and gives the actor its own half (the preset on 2 devices). The 3-way
+    # preset (env | rollout | actor, 2 micro-batches) measured slower here: 6,200 vs
+    # 9,600 env-steps/s on 4 forced CPU devices.
+    split = [f"cluster.component_placement={{'env,rollout': '0-{n - half - 1}', actor: '{n - half}-{n - 1}'}}"]
+    return {
+        "collocated": ["cluster.component_placement=collocated"],
+        "disaggregated": [*split, "flow.max_staleness=1"],
+        "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2", "flow.max_staleness=1"],
+    }
 
 
-def _time_trainer(trainer, iterations: int) -> float:
-    import jax
+class _Timed:
+    """A built, compiled and warmed trainer whose iterations are timed round by round."""
 
-    state = trainer.init()
-    trainer.compile(state, jax.random.PRNGKey(1))
-    state, sums = trainer.run_iterations(state, 1)  # warm: first-call dispatch paths
-    trainer.summarize(sums, 1)
-    t0 = time.perf_counter()
-    state, sums = trainer.run_iterations(state, iterations)
-    trainer.summarize(sums, iterations)  # blocks until the last iteration is done
-    return iterations * trainer.env_steps_per_iteration / (time.perf_counter() - t0)
+    def __init__(self, trainer):
+        import jax
+
+        self.trainer = trainer
+        self.state = trainer.init()
+        trainer.compile(self.state, jax.random.PRNGKey(1))
+        self.state, sums = trainer.run_iterations(self.state, 1)  # warm: first-call dispatch paths
+        trainer.summarize(sums, 1)
+        self.rounds: list[float] = []
+
+    def time(self, iterations: int) -> float:
+        t0 = time.perf_counter()
+        self.state, sums = self.trainer.run_iterations(self.state, iterations)
+        self.trainer.summarize(sums, iterations)  # blocks until the last iteration is done
+        self.rounds.append(iterations * self.trainer.env_steps_per_iteration / (time.perf_counter() - t0))
+        return self.rounds[-1]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
 
 
-def child(workload: str, num_devices: int, iterations: int, extra: list[str]) -> dict:
+def child(workload: str, num_devices: int, iterations: int, repeats: int, extra: list[str]) -> dict:
     import jax
 
     from rlinf_jax.config import load_config
@@ -84,45 +110,54 @@ def child(workload: str, num_devices: int, iterations: int, extra: list[str]) ->
 
     recipe, base, with_auto = WORKLOADS[workload]
     out: dict = {"devices": num_devices, "platform": jax.devices()[0].platform, "modes": {}}
-    for name, overrides in MODES.items():
-        cfg = load_config(recipe, [*base, *extra, *overrides])
-        trainer = build_trainer(cfg)
-        sps = _time_trainer(trainer, iterations)
+    timed: dict[str, _Timed] = {}
+    for name, overrides in modes(num_devices).items():
+        timed[name] = _Timed(build_trainer(load_config(recipe, [*base, *extra, *overrides])))
+    plan = None
+    if with_auto:
+        cfg = load_config(recipe, [*base, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
+        plan = auto_placement(cfg, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
+        plan.trainer.auto_plan = plan
+        timed["auto"] = _Timed(plan.trainer)
+
+    for r in range(repeats):
+        for name, t in timed.items():
+            sps = t.time(iterations)
+            print(f"  {num_devices} devices  round {r + 1}/{repeats}  {name:<14} {sps:>10,.0f} env-steps/s",
+                  file=sys.stderr, flush=True)
+
+    for name in modes(num_devices):
+        t = timed[name]
         out["modes"][name] = {
-            "env_steps_per_sec": round(sps, 1),
-            "placement": trainer.placement.to_json(),
-            "runner": type(trainer).__name__,
+            "env_steps_per_sec": round(t.median, 1),
+            "rounds": [round(x, 1) for x in t.rounds],
+            "placement": t.trainer.placement.to_json(),
+            "runner": type(t.trainer).__name__,
         }
-        print(f"  {num_devices} devices  {name:<14} {sps:>10,.0f} env-steps/s", file=sys.stderr, flush=True)
+    pipelined = {m: out["modes"][m]["env_steps_per_sec"] for m in ("disaggregated", "hybrid")}
+    if plan is not None:
+        measured = timed["auto"].median
+        predicted = plan.chosen.predicted_env_steps_per_sec
+        out["auto"] = {
+            "chosen": plan.chosen.candidate.name,
+            "placement": plan.chosen.candidate.spec,
+            "num_micro_batches": plan.chosen.candidate.num_micro_batches,
+            "predicted_env_steps_per_sec": round(predicted, 1),
+            "measured_env_steps_per_sec": round(measured, 1),
+            "rounds": [round(x, 1) for x in timed["auto"].rounds],
+            "prediction_error": round(predicted / measured - 1.0, 4),
+            "profile_sec": round(plan.profile_sec, 1),
+            "candidates": [p.to_json() for p in plan.profiles],
+        }
+        if plan.chosen.candidate.name != "collocated":
+            pipelined[f"auto ({plan.chosen.candidate.name})"] = round(measured, 1)
+        print(f"  {num_devices} devices  auto -> {plan.chosen.candidate.name}: predicted {predicted:,.0f}, "
+              f"measured {measured:,.0f} env-steps/s", file=sys.stderr, flush=True)
 
     col = out["modes"]["collocated"]["env_steps_per_sec"]
-    best = max(("disaggregated", "hybrid"), key=lambda m: out["modes"][m]["env_steps_per_sec"])
+    best = max(pipelined, key=pipelined.get)
     out["best_pipelined"] = best
-    out["ratio"] = round(out["modes"][best]["env_steps_per_sec"] / col, 4)
-    if not with_auto:
-        return out
-
-    cfg = load_config(recipe, [*base, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
-    plan = auto_placement(cfg, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
-    plan.trainer.auto_plan = plan
-    measured = _time_trainer(plan.trainer, iterations)
-    predicted = plan.chosen.predicted_env_steps_per_sec
-    out["auto"] = {
-        "chosen": plan.chosen.candidate.name,
-        "placement": plan.chosen.candidate.spec,
-        "num_micro_batches": plan.chosen.candidate.num_micro_batches,
-        "predicted_env_steps_per_sec": round(predicted, 1),
-        "measured_env_steps_per_sec": round(measured, 1),
-        "prediction_error": round(predicted / measured - 1.0, 4),
-        "profile_sec": round(plan.profile_sec, 1),
-        "candidates": [p.to_json() for p in plan.profiles],
-    }
-    print(
-        f"  {num_devices} devices  auto -> {plan.chosen.candidate.name}: predicted {predicted:,.0f}, "
-        f"measured {measured:,.0f} env-steps/s",
-        file=sys.stderr,
-        flush=True,
-    )
+    out["ratio"] = round(pipelined[best] / col, 4)
     return out
 
 
@@ -130,13 +165,14 @@ def main(argv=None, name: str = "placement_modes") -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp", help="policy and env (default mlp)")
     ap.add_argument("--devices", default="2,8", help="comma-separated device counts (default 2,8)")
-    ap.add_argument("--iterations", type=int, default=8, help="timed iterations per mode (default 8)")
+    ap.add_argument("--iterations", type=int, default=8, help="timed iterations per mode and round (default 8)")
+    ap.add_argument("--repeats", type=int, default=3, help="timing rounds over the modes; medians reported (default 3)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="extra config overrides for the workload, key=value")
     args = ap.parse_args(argv)
 
     if args.child is not None:
-        print(json.dumps(child(args.workload, args.child, args.iterations, args.overrides)))
+        print(json.dumps(child(args.workload, args.child, args.iterations, args.repeats, args.overrides)))
         return 0
 
     results = {}
@@ -148,7 +184,7 @@ def main(argv=None, name: str = "placement_modes") -> int:
         proc = subprocess.run(
             [
                 sys.executable, os.path.abspath(__file__), "--workload", args.workload, "--child", str(n),
-                "--iterations", str(args.iterations), *args.overrides,
+                "--iterations", str(args.iterations), "--repeats", str(args.repeats), *args.overrides,
             ],
             stdout=subprocess.PIPE,
             env=env,
@@ -164,7 +200,7 @@ def main(argv=None, name: str = "placement_modes") -> int:
         line = (
             f"{n} devices: collocated {m['collocated']['env_steps_per_sec']:,.0f}  disaggregated "
             f"{m['disaggregated']['env_steps_per_sec']:,.0f}  hybrid {m['hybrid']['env_steps_per_sec']:,.0f}  "
-            f"-> ratio {r['ratio']:.2f}"
+            f"-> ratio {r['ratio']:.2f} ({r['best_pipelined']})"
         )
         if "auto" in r:
             a = r["auto"]
