@@ -26,6 +26,7 @@ from rlinf_jax.rewards import (
     format_ok,
     last_number,
 )
+from rlinf_jax.rewards.pool import SoftTimeout
 
 # (response, reference answer, correct?) — expected values decided by hand.
 TRICKY = [
@@ -227,6 +228,34 @@ def test_dying_and_junk_checkers_count_as_errors():
     rf = RewardFunction(RewardConfig(num_workers=0), checker=junk_checker)
     res = rf(["x"], ["1"])
     assert res.rewards.tolist() == [0.0] and res.metrics["reward/errors"] == 1
+
+
+def test_a_swallowed_timeout_still_ends_the_call_and_counts():
+    # The first alarm lands where its exception is lost (as in a garbage-collector callback);
+    # the repeating alarm interrupts the call anyway, and it is reported as a timeout.
+    def swallows_once():
+        try:
+            while True:
+                pass
+        except SoftTimeout:
+            pass
+        t = time.monotonic()
+        while time.monotonic() - t < 5.0:
+            pass
+        return 1
+
+    t0 = time.monotonic()
+    assert call_with_timeout(swallows_once, (), 0.1) == ("timeout", None)
+    assert time.monotonic() - t0 < 2.0
+
+    def swallows_and_returns():
+        try:
+            while True:
+                pass
+        except SoftTimeout:
+            return 7
+
+    assert call_with_timeout(swallows_and_returns, (), 0.1) == ("timeout", None)
 
 
 def test_call_with_timeout_outcomes():

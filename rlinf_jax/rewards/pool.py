@@ -34,8 +34,10 @@ class SoftTimeout(BaseException):
     ``except Exception`` cannot swallow it."""
 
 
-def _on_alarm(signum, frame):
-    raise SoftTimeout()
+# After the deadline the alarm repeats at this interval until the call is interrupted: a
+# signal handler's exception raised inside a garbage-collector callback (JAX registers one)
+# or a checker's bare ``except`` is swallowed there, and the call would otherwise run on.
+_REPEAT_S = 0.05
 
 
 def call_with_timeout(fn, args, timeout_s: float | None):
@@ -43,19 +45,26 @@ def call_with_timeout(fn, args, timeout_s: float | None):
 
     The alarm needs the main thread of the process; elsewhere the call runs unbounded. An alarm
     someone else had set (a test timeout, say) is put back afterwards with its remaining time.
+    A call that passed its deadline is a timeout even if it then returned a value.
     """
     armed = bool(timeout_s) and threading.current_thread() is threading.main_thread()
     old_handler, old_timer, t0 = None, (0.0, 0.0), time.monotonic()
+    fired = []
+
+    def on_alarm(signum, frame):
+        fired.append(True)
+        raise SoftTimeout()
+
     try:
         if armed:
-            old_handler = signal.signal(signal.SIGALRM, _on_alarm)
-            old_timer = signal.setitimer(signal.ITIMER_REAL, float(timeout_s))
+            old_handler = signal.signal(signal.SIGALRM, on_alarm)
+            old_timer = signal.setitimer(signal.ITIMER_REAL, float(timeout_s), _REPEAT_S)
         try:
             value = fn(*args)
         finally:
             if armed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        return "ok", value
+        return ("timeout", None) if fired else ("ok", value)
     except SoftTimeout:
         return "timeout", None
     except KeyboardInterrupt:
