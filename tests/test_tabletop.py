@@ -380,6 +380,48 @@ def test_scripted_expert_solves_training_episodes_and_records_demos():
     np.testing.assert_allclose(ds["proprio"][first, :3], want, atol=1e-6)
 
 
+# ---- layouts ----
+
+
+def test_task_layout_fixes_cells_per_task_and_keeps_the_splits_apart(specs):
+    task = {s: jax.device_get(episode_spec(s, np.arange(N_PER_SPLIT), layout="task")) for s in SPLITS}
+    for s in SPLITS:  # only positions (and the other pad) may change with the layout
+        for name in ("obj", "target", "texture", "background", "template", "distractor", "ee_init", "move_step"):
+            np.testing.assert_array_equal(getattr(task[s], name), getattr(specs[s], name))
+
+    def cells(spec):  # the grid cell of the object, target pad and other pad (jitter < half a cell)
+        return np.round(np.concatenate([spec.obj_xy, spec.pad_xy[:, 0], spec.pad_xy[:, 1]], 1) / 0.05).astype(int)
+
+    for s in ("train", "vision"):
+        t, c = task[s], cells(task[s])
+        keys = t.obj * len(catalog.PADS) + t.target
+        seen = {}
+        for k, row, other in zip(keys, c, t.other_pad):
+            seen.setdefault(int(k), set()).add((tuple(row), int(other)))
+        repeated = [v for v in seen.values()]
+        assert all(len(v) == 1 for v in repeated), "one layout per task"
+        assert sum(1 for k in keys if (keys == k).sum() > 1) > 100  # many tasks do repeat
+        assert (t.other_pad != t.target).all()
+        # ... while the random layout draws a new one per episode for the same tasks
+        r = cells(specs[s])
+        varied = [len({tuple(row) for row in r[keys == k]}) > 1 for k in np.unique(keys) if (keys == k).sum() > 2]
+        assert np.mean(varied) > 0.9
+        # the same (task, layout) pairs in train and vision: vision changes only the look
+        assert np.all(np.abs(t.obj_xy) <= np.array(episodes.TRAIN_REGION) + 1e-6)
+    vis = task["vision"]
+    train_layout = {int(k): tuple(row) for k, row in zip(task["train"].obj * 4 + task["train"].target, cells(task["train"]))}
+    for k, row in zip(vis.obj * 4 + vis.target, cells(vis)):
+        if int(k) in train_layout:
+            assert train_layout[int(k)] == tuple(row)
+    ex = task["execution"]  # positions outside the training region, drawn per episode still
+    assert (np.abs(ex.obj_xy) > np.array(episodes.TRAIN_REGION)).any(1).all()
+    np.testing.assert_array_equal(ex.obj_xy, specs["execution"].obj_xy)
+    with pytest.raises(BadInput, match="layout"):
+        TabletopEnv(layout="fixed")
+    with pytest.raises(BadInput, match="layout"):
+        describe(episode_id("train", 0), layout="grid")
+
+
 # ---- registry ----
 
 
@@ -390,6 +432,11 @@ def test_registry_builds_the_tabletop_stack():
     assert state.obs["image"].shape == (2, 32, 32, 3)
     assert {"final_obs", "episode_success", "success", "eid"} <= set(state.info)
     assert all(split_of(int(i))[0] == "vision" for i in state.info["eid"])
-    for bad in ({"name": "visual"}, {"action_repeat": 2}, {"backend": "positional"}):
+    for bad in ({"name": "visual"}, {"action_repeat": 2}, {"backend": "positional"}, {"layout": "grid"}):
         with pytest.raises(BadInput):
             make_env(EnvConfig(**{**cfg.__dict__, **bad}))
+    # the env knobs reach the tabletop itself
+    cfg2 = EnvConfig(**{**cfg.__dict__, "layout": "task", "terminate_on_success": True})
+    base = make_env(cfg2).unwrapped
+    assert base.config.layout == "task" and base.config.terminate_on_success is True
+    assert make_env(cfg).unwrapped.config.layout == "random"

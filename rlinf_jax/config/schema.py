@@ -58,6 +58,11 @@ class EnvConfig:
     chunk_length: int = 1
     image_size: int = 32
     group_size: int = 1
+    # tabletop: "random" draws the object's and pads' cells per episode, "task" fixes them
+    # per task (LIBERO-like, the easier benchmark); terminate_on_success ends an episode at
+    # its first success instead of at episode_length.
+    layout: str = "random"
+    terminate_on_success: bool = False
 
 
 @dataclass
@@ -276,6 +281,17 @@ class SFTConfig:
     train_levels: list[int] = field(default_factory=list)
     # actor.model.kind=vla: scripted-expert episodes behaviour-cloned before RL.
     num_demos: int = 64
+    # kind=vla, DAgger after the warm_start_steps: each round rolls the policy out on
+    # dagger_episodes training episodes, labels the visited states with the expert's chunks,
+    # adds them to the data and clones dagger_steps more steps. 0 rounds = plain cloning.
+    dagger_rounds: int = 0
+    dagger_episodes: int = 128
+    dagger_steps: int = 500
+    # kind=vla, after the cloning: fit the value head alone (sft.lr) for critic_warmup_steps
+    # on the discounted returns (algorithm.gamma, reward_scale) of critic_warmup_episodes
+    # sampled episodes of the cloned policy, so GAE does not start from a zero critic.
+    critic_warmup_steps: int = 0
+    critic_warmup_episodes: int = 128
 
 
 @dataclass

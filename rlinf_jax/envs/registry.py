@@ -98,6 +98,8 @@ def _make_tabletop(cfg: EnvConfig, num_envs: int, grouped: bool) -> Env:
         chunk_length=getattr(cfg, "chunk_length", 1),
         image_size=getattr(cfg, "image_size", 32),
         group_size=getattr(cfg, "group_size", 1) if grouped else 1,
+        layout=getattr(cfg, "layout", "random"),
+        terminate_on_success=getattr(cfg, "terminate_on_success", False),
     )
 
 

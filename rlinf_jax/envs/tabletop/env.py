@@ -43,9 +43,13 @@ class TabletopConfig:
     max_steps: int = 80  # sub-steps per episode
     group_size: int = 1  # envs sharing an episode id in reset(key)
     terminate_on_success: bool = False
+    layout: str = "random"  # random | task: cells drawn per episode or fixed per task (episodes.LAYOUTS)
 
     def validate(self) -> TabletopConfig:
         episodes.split_code(self.split)
+        episodes.check_layout(self.layout)
+        if not isinstance(self.terminate_on_success, bool):
+            raise BadInput(f"tabletop terminate_on_success must be true or false, got {self.terminate_on_success!r}")
         for name in ("num_envs", "image_size", "chunk_length", "max_steps", "group_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
@@ -101,7 +105,7 @@ class TabletopEnv:
         )
 
     def reset_one(self, eid: jax.Array) -> EnvState:
-        sim = dynamics.initial_sim(episodes.decode(eid))
+        sim = dynamics.initial_sim(episodes.decode(eid, self.config.layout))
         z = jnp.zeros((), jnp.float32)
         return self._state(sim, z, z, z, dynamics.sim_reward(sim)["success"])
 

@@ -10,6 +10,15 @@ Positions come from grid cells: the object, the two pads and a distractor take d
 cells (a permutation) and are jittered inside them, which keeps them apart without
 rejection sampling. Training cells cover the inner 3x3 grid (the training region); the
 execution split uses the 16 cells of the ring around it.
+
+Layouts (`LAYOUTS`, the env's ``layout`` setting): ``random`` draws the cells and the other
+pad per episode, so the policy must find the object and the pads in the image. ``task``
+fixes them per task (object, target), LIBERO's way: every episode of "put the red cube on
+the white pad" has the same cells, only the +-1.2 cm jitter, the table's look, the
+template and the start pose vary. It is the easier benchmark small policies can learn
+from a few hundred demonstrations; the test splits stay out of distribution (unseen
+textures; unseen objects, hence unseen layouts, with a distractor; the execution split
+still draws ring cells per episode).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from rlinf_jax.envs.tabletop import catalog, language
 from rlinf_jax.errors import BadInput
 
 SPLITS = ("train", "vision", "semantic", "execution")
+LAYOUTS = ("random", "task")
 SPLIT_SIZE = 1 << 24  # ids per split
 _ROOT_SEED = 0x7AB1E
 
@@ -94,11 +104,19 @@ def _pick(u: jax.Array, lo: int, hi: int) -> jax.Array:
     return jnp.minimum(lo + jnp.floor(u * (hi - lo)), hi - 1).astype(jnp.int32)
 
 
-def decode(eid) -> EpisodeSpec:
+def check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise BadInput(f"unknown tabletop layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    return layout
+
+
+def decode(eid, layout: str = "random") -> EpisodeSpec:
     """Jittable: an int32 episode id -> its `EpisodeSpec` (unbatched; vmap for batches).
 
-    Out-of-range ids are clipped to the valid range; `split_of` checks ids on the host.
+    ``layout`` (static) is one of `LAYOUTS`, see the module docstring. Out-of-range ids are
+    clipped to the valid range; `split_of` checks ids on the host.
     """
+    check_layout(layout)
     eid = jnp.clip(jnp.asarray(eid, jnp.int32), 0, len(SPLITS) * SPLIT_SIZE - 1)
     split = eid // SPLIT_SIZE
     vision, semantic, execution = split == 1, split == 2, split == 3
@@ -115,6 +133,14 @@ def decode(eid) -> EpisodeSpec:
 
     pads = jnp.argsort(u[41:45])
     target, other_pad = pads[0].astype(jnp.int32), pads[1].astype(jnp.int32)
+    if layout == "task":
+        # The task's own draw (keyed by object and target, never by the episode) replaces
+        # the episode's for the cell order and the other pad; the jitter stays per episode.
+        task = obj * len(catalog.PADS) + target
+        v = jax.random.uniform(jax.random.fold_in(jax.random.PRNGKey(_ROOT_SEED + 1), task), (69,))
+        score = jnp.where(jnp.arange(len(catalog.PADS)) == target, -1.0, v[41:45])
+        other_pad = jnp.argmax(score).astype(jnp.int32)
+        u = u.at[6:22].set(jnp.where(execution, u[6:22], v[6:22]))
 
     nt, ntt = len(catalog.TEXTURES), catalog.NUM_TRAIN_TEXTURES
     texture = jnp.where(vision, _pick(u[1], ntt, nt), _pick(u[1], 0, ntt))
@@ -156,29 +182,30 @@ def decode(eid) -> EpisodeSpec:
     )
 
 
-decode_one = jax.jit(decode)
-decode_batch = jax.jit(jax.vmap(decode))
+decode_one = jax.jit(decode, static_argnames="layout")
+decode_batch = jax.jit(jax.vmap(decode, in_axes=(0, None)), static_argnums=1)
 
 
-def episode_spec(split: str, index) -> EpisodeSpec:
+def episode_spec(split: str, index, layout: str = "random") -> EpisodeSpec:
     """(split, index) -> spec; `index` may be an int or an int array (batched spec)."""
     ids = episode_id(split, index)
+    check_layout(layout)
     if np.ndim(ids) == 0:
-        return decode_one(jnp.asarray(ids, jnp.int32))
-    return decode_batch(jnp.asarray(ids, jnp.int32))
+        return decode_one(jnp.asarray(ids, jnp.int32), layout=layout)
+    return decode_batch(jnp.asarray(ids, jnp.int32), layout)
 
 
 def instruction(eid: int) -> str:
     """The raw instruction text of an episode (host side, for language-model tokenizers)."""
     split_of(eid)
-    spec = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32)))
+    spec = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32), "random"))
     return catalog.instruction_text(int(spec.template[0]), int(spec.obj[0]), int(spec.target[0]))
 
 
-def describe(eid: int) -> dict:
+def describe(eid: int, layout: str = "random") -> dict:
     """A plain-Python summary of an episode's factors (for logs, docs and tests)."""
     split, index = split_of(eid)
-    s = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32)))
+    s = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32), check_layout(layout)))
     d = int(s.distractor[0])
     return {
         "episode_id": int(eid),
