@@ -42,6 +42,8 @@ TINY_VLA = [
     "actor.model.lm_num_kv_heads=1",
     "actor.model.vla_n_bins=8",
     "sft.warm_start_steps=0",
+    "sft.dagger_rounds=0",
+    "sft.critic_warmup_steps=0",
     "runner.progress_bar=false",
 ]
 
@@ -82,9 +84,10 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
     assert logits.shape == (3, 2 * 7, 8) and value.shape == (3,)
     assert action.shape == (3, 2, 7) and bins.dtype == jnp.int32
 
-    # Reference: every slot is its own categorical over the bins; the chunk's log-prob is
-    # the sum over slots, its entropy likewise.
-    lp = _log_softmax(logits)
+    # Reference: every slot is its own categorical over the bins at the sampling
+    # temperature; the chunk's log-prob is the sum over slots, its entropy likewise.
+    assert policy.temperature == cfg.actor.model.vla_temperature
+    lp = _log_softmax(np.asarray(logits, np.float64) / policy.temperature)
     b = np.asarray(bins)
     ref_logprob = np.array([sum(lp[i, s, b[i, s]] for s in range(14)) for i in range(3)])
     ref_entropy = -(np.exp(lp) * lp).sum(-1).sum(-1)
@@ -181,6 +184,71 @@ def test_behaviour_cloning_fits_the_expert_bins():
     assert np.mean(np.argmax(np.asarray(logits), -1) == bins) > 0.6
 
 
+@pytest.mark.slow
+def test_dagger_labels_the_policys_own_states_with_the_experts_chunks():
+    from rlinf_jax.envs.tabletop import episode_id
+    from rlinf_jax.envs.tabletop.expert import expert_actions
+    from rlinf_jax.flow.vla_bc import dagger_clone, policy_visits
+
+    cfg, policy, model = _policy()
+    env = make_env(cfg.env).unwrapped
+    graphdef, params = nnx.split(model)
+    ids = jnp.asarray(episode_id("train", np.array([3, 1, 4, 1])), jnp.int32)
+    got = jax.device_get(jax.jit(lambda p: policy_visits(env, policy, graphdef, p, ids, 3, jax.random.PRNGKey(0), True))(params))
+    # Reference: a plain Python loop over the same env, the greedy policy acting, the
+    # expert asked at each state but never acting.
+    state, finished = env.reset_to(ids), np.zeros(4, bool)
+    for t in range(3):
+        np.testing.assert_array_equal(got["image"][:, t], np.asarray(state.obs["image"]))
+        np.testing.assert_allclose(got["action"][:, t], np.asarray(expert_actions(env, state)), atol=1e-6)
+        np.testing.assert_array_equal(got["valid"][:, t], ~finished)
+        state = env.step(state, policy.act_deterministic(model, state.obs))
+        finished |= (np.asarray(state.done) > 0) | (np.asarray(state.info["success"]) > 0)
+    # 4-sub-step episodes are 2 chunks of 2: the third state comes after the end
+    assert got["valid"][:, :2].all() and not got["valid"][:, 2].any()
+    assert got["success"].shape == (4,)
+
+    demos = {**{k: np.asarray(v) for k, v in _obs(batch=8, seed=2).items()}, "action": np.zeros((8, 2, 7), np.float32)}
+    new, hist = dagger_clone(
+        policy, graphdef, params, make_env(cfg.env), demos, steps=3, lr=1e-3, batch_size=8, seed=0,
+        rounds=2, episodes=4, round_steps=2,
+    )
+    assert len(hist["loss"]) == 3 and len(hist["success"]) == 2
+    assert all(np.isfinite(hist["loss"]))
+    with pytest.raises(BadInput, match="dagger"):
+        dagger_clone(policy, graphdef, params, make_env(cfg.env), demos, steps=3, lr=1e-3, batch_size=8, seed=0,
+                     rounds=1, episodes=0, round_steps=2)
+
+
+def test_discounted_returns_stop_at_the_episode_end():
+    from rlinf_jax.flow.vla_bc import discounted_returns
+
+    rng = np.random.default_rng(0)
+    reward = rng.normal(size=(3, 6)).astype(np.float32)
+    live = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]], bool)
+    got = discounted_returns(reward, live, 0.9)
+    for b in range(3):
+        end = live[b].sum()
+        for t in range(6):
+            want = sum(0.9 ** (k - t) * reward[b, k] for k in range(t, end)) if t < end else 0.0
+            assert got[b, t] == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_critic_warmup_fits_only_the_value_head():
+    from rlinf_jax.flow.vla_bc import fit_value_head
+
+    cfg, policy, model = _policy()
+    graphdef, params = nnx.split(model)
+    new, err = fit_value_head(policy, graphdef, params, make_env(cfg.env), episodes=8, steps=60, lr=1e-2,
+                              batch_size=8, gamma=0.9, reward_scale=10.0, seed=0)
+    leaves = lambda t: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    before, after = leaves(params), leaves(new)
+    moved = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert moved and all(k.startswith("['value']") for k in moved), moved
+    assert np.isfinite(err)
+
+
 _MODES = r"""
 import json, sys, jax
 import jax.numpy as jnp
@@ -264,13 +332,17 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     out = f"runner.output_dir={tmp_path}"
     # Demos need episodes long enough for the expert to finish (it needs about 24 sub-steps);
     # the SFT run's config, not the RL run's, shapes the state its checkpoint is read onto.
+    # One DAgger round (at step 2 of 4) adds the cloned policy's own states.
     sft = [*TINY_VLA, "env.episode_length=32", "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4",
-           "sft.batch_size=8", out]
+           "sft.batch_size=8", "sft.dagger_rounds=1", "sft.dagger_episodes=4", "runner.log_interval=2", out]
     proc = run_cli(["--config-name", "sft_vla_tabletop", *sft, "runner.experiment_name=s"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["step"] == 0 and "eval/success/vision" in records[0]
     assert records[-1]["step"] == 4 and np.isfinite(records[-1]["train/bc_loss"])
+    # 4 episodes of 16 chunks, every state before the end or a success labelled
+    assert records[0]["sft/demo_steps"] < records[-1]["sft/demo_steps"] <= records[0]["sft/demo_steps"] + 64
+    assert 0.0 <= records[-1]["sft/dagger_success"] <= 1.0
 
     # An RL run starts from exactly the SFT run's last parameters...
     from rlinf_jax.flow.embodied_runner import build_trainer

@@ -133,6 +133,9 @@ class PPOTrainer:
 
             params = load_params(self.cfg, self, params)  # a supervised (sft_vla_tabletop) run
             self.warm_start_metrics = {}  # evaluated at step 0 like a warm start
+            if getattr(self, "_critic_params", None) is None:
+                self._critic_params = self._critic_warmup(params)
+            params = jax.tree.map(jnp.copy, self._critic_params)
         elif self.cfg.sft.warm_start_steps > 0 and m.kind in ("vla", "pi0"):
             params = self._warm_start(params)
         return self.place(self.fresh_state(params))
@@ -158,15 +161,46 @@ class PPOTrainer:
 
         if getattr(self, "_warm_params", None) is None:
             sft, seed = self.cfg.sft, self.cfg.runner.seed
+            if min(sft.dagger_rounds, sft.critic_warmup_steps) < 0 or min(sft.dagger_episodes, sft.critic_warmup_episodes) < 1:
+                raise BadInput("sft.dagger_rounds and sft.critic_warmup_steps must be >= 0, "
+                               "sft.dagger_episodes and sft.critic_warmup_episodes >= 1")
             data = vla_bc.expert_demos(self.env, sft.num_demos, seed)
             fit = dict(steps=sft.warm_start_steps, lr=sft.lr, batch_size=sft.batch_size, seed=seed, log=print)
             if self.cfg.actor.model.kind == "pi0":  # flow matching on the expert's chunks
                 self._warm_params, loss, error = vla_bc.flow_matching_clone(self.policy, self.graphdef, params, data, **fit)
                 self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/action_error": error}
+            elif sft.dagger_rounds > 0:  # cloning, then rounds on the policy's own states
+                self._warm_params, hist = vla_bc.dagger_clone(
+                    self.policy, self.graphdef, params, self.env, data, rounds=sft.dagger_rounds,
+                    episodes=sft.dagger_episodes, round_steps=sft.dagger_steps, **fit,
+                )
+                self.warm_start_metrics = {
+                    "warm_start/loss": hist["loss"][-1],
+                    "warm_start/bin_accuracy": hist["accuracy"][-1],
+                    "warm_start/dagger_success": hist["success"][-1],
+                }
             else:
                 self._warm_params, loss, acc = vla_bc.behaviour_clone(self.policy, self.graphdef, params, data, **fit)
                 self.warm_start_metrics = {"warm_start/loss": float(loss[-1]), "warm_start/bin_accuracy": float(acc[-1])}
+            if self.cfg.actor.model.kind == "vla":
+                self._warm_params = self._critic_warmup(self._warm_params)
         return jax.tree.map(jnp.copy, self._warm_params)
+
+    def _critic_warmup(self, params):
+        """The value head fitted to the warm-started policy's returns (`vla_bc.fit_value_head`),
+        when ``sft.critic_warmup_steps`` > 0; the policy itself is untouched."""
+        from rlinf_jax.flow import vla_bc
+
+        sft, alg = self.cfg.sft, self.cfg.algorithm
+        if sft.critic_warmup_steps <= 0 or self.group_size:  # group advantages use no critic
+            return params
+        params, err = vla_bc.fit_value_head(
+            self.policy, self.graphdef, params, self.env, episodes=sft.critic_warmup_episodes,
+            steps=sft.critic_warmup_steps, lr=sft.lr, batch_size=sft.batch_size, gamma=alg.gamma,
+            reward_scale=alg.reward_scale, seed=self.cfg.runner.seed, log=print,
+        )
+        self.warm_start_metrics["warm_start/value_mse"] = err
+        return params
 
     def place(self, ts: TrainState) -> TrainState:
         """Splits the env batch over the batch axes, lays parameters and optimiser state

@@ -7,6 +7,12 @@ behaviour-cloning step (`vla_bc.bc_loss` on a minibatch of demonstration steps) 
 PPO iteration. Its checkpoints hold the embodied `TrainState` with the cloning optimiser's
 state, so an RL run starts from it with ``actor.model.path=<this run>`` and reads only the
 parameters (`load_params`).
+
+With ``sft.dagger_rounds`` > 0 the run aggregates DAgger data (`vla_bc.dagger_data`) at
+evenly spaced steps (``k * max_steps / (rounds + 1)``): the current policy plays
+``sft.dagger_episodes`` training episodes, the expert labels the states it visited, and
+cloning continues on the demos plus every round so far. A resumed run re-collects the
+rounds before its step with the restored policy (the data is not checkpointed).
 """
 
 from __future__ import annotations
@@ -59,16 +65,34 @@ class VLASFTTrainer:
     def load_demos(self) -> None:
         sft, seed = self.cfg.sft, self.cfg.runner.seed
         data = vla_bc.expert_demos(self.core.env, sft.num_demos, seed)
-        self.data = vla_bc.bc_arrays(self.policy, data)
         self.num_examples = len(data["action"])
         self.batch_size = min(sft.batch_size, self.num_examples)
+        self.dagger_steps_at = self._dagger_schedule()
+        if not self.dagger_steps_at:
+            self.data = vla_bc.bc_arrays(self.policy, data)
+            sample = None  # every step draws distinct demo steps, as without DAgger before
+        else:
+            c = self.core.env.unwrapped.config
+            num_chunks = -(-c.max_steps // c.chunk_length)
+            per_round = -(-sft.dagger_episodes // c.num_envs) * c.num_envs * num_chunks
+            self.capacity = self.num_examples + len(self.dagger_steps_at) * per_round
+            self.demos = {k: data[k] for k in ("image", "tokens", "proprio", "action")}
+            self.data = vla_bc.pad_steps(self.policy, self.demos, self.capacity)
+            self.rows = jnp.int32(self.num_examples)
+            base = self.core.env.unwrapped
+            self._visit = jax.jit(
+                lambda p, ids, k: vla_bc.policy_visits(base, self.policy, self.graphdef, p, ids, num_chunks, k, True)
+            )
+            sample = True
+        self.rounds_done = 0
 
-        def steps(ts: TrainState, n):
+        def steps(ts: TrainState, n, data, rows):
             def step(i, carry):
                 ts, loss_sum, acc_sum = carry
                 key = jax.random.fold_in(ts.key, ts.step)  # a resumed run draws what it would have
                 params, opt_state, loss, acc = vla_bc.bc_step(
-                    self.policy, self.graphdef, self.tx, self.data, self.batch_size, ts.params, ts.opt_state, key
+                    self.policy, self.graphdef, self.tx, data, self.batch_size, ts.params, ts.opt_state, key,
+                    rows=rows if sample else None,
                 )
                 ts = ts.replace(params=params, opt_state=opt_state, step=ts.step + 1)
                 return ts, loss_sum + loss, acc_sum + acc
@@ -79,8 +103,40 @@ class VLASFTTrainer:
 
         self._steps = jax.jit(steps, donate_argnums=0)
 
+    def _dagger_schedule(self) -> list[int]:
+        """The steps at which DAgger rounds collect data (empty without DAgger)."""
+        sft, total = self.cfg.sft, self.cfg.runner.max_steps
+        if sft.dagger_rounds < 0 or (sft.dagger_rounds and sft.dagger_episodes < 1):
+            raise BadInput("sft.dagger_rounds must be >= 0 and sft.dagger_episodes >= 1")
+        return [total * k // (sft.dagger_rounds + 1) for k in range(1, sft.dagger_rounds + 1)]
+
+    def _dagger_round(self, ts: TrainState) -> None:
+        """Adds one round of the current policy's visited states, labelled by the expert."""
+        r = self.rounds_done = self.rounds_done + 1
+        new, success = vla_bc.dagger_data(
+            self.core.env, self._visit, ts.params, self.cfg.sft.dagger_episodes, self.cfg.runner.seed * 1000 + r
+        )
+        self.demos = {k: np.concatenate([self.demos[k], new[k]]) for k in self.demos}
+        self.data = vla_bc.pad_steps(self.policy, self.demos, self.capacity)
+        self.rows = jnp.int32(len(self.demos["action"]))
+        self.dagger_metrics = {"sft/dagger_success": success, "sft/demo_steps": float(self.rows)}
+
     def run_iterations(self, ts: TrainState, n: int):
-        return self._steps(ts, jnp.int32(n))
+        """``n`` cloning steps; a DAgger round falling inside them runs where it is due."""
+        metrics, done, step = None, 0, int(ts.step)
+        self.dagger_metrics = {}
+        while done < n:
+            due = [s for s in self.dagger_steps_at[self.rounds_done :] if s <= step]
+            if due:
+                self._dagger_round(ts)
+                continue
+            upcoming = [s for s in self.dagger_steps_at[self.rounds_done :] if s > step]
+            k = min(n - done, (upcoming[0] - step) if upcoming else n - done)
+            ts, part = self._steps(ts, jnp.int32(k), self.data, getattr(self, "rows", None))
+            part = {key: v * k for key, v in part.items()}  # sums, averaged over n below
+            metrics = part if metrics is None else {key: metrics[key] + part[key] for key in part}
+            done, step = done + k, step + k
+        return ts, {**{key: v / n for key, v in metrics.items()}, **self.dagger_metrics}
 
     def run_eval(self, ts: TrainState, key) -> dict:
         return self.core.evaluate(ts.params, ts.obs_stats, key)
