@@ -466,6 +466,11 @@ def validate(cfg: Config) -> None:
             f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
     _require(cfg.cluster.max_restarts >= 0, f"cluster.max_restarts={cfg.cluster.max_restarts} must be >= 0 (0 = never restart)")
+    s = cfg.sft
+    for name in ("dagger_rounds", "critic_warmup_steps"):
+        _require(getattr(s, name) >= 0, f"sft.{name}={getattr(s, name)} must be >= 0 (0 = off)")
+    for name in ("dagger_episodes", "dagger_steps", "critic_warmup_episodes"):
+        _require(getattr(s, name) >= 1, f"sft.{name}={getattr(s, name)} must be >= 1")
     _require(r.task in TASKS, f"runner.task={r.task!r} is unknown; choose one of {', '.join(TASKS)}")
     if r.task in LM_TASKS:
         validate_lm(cfg)

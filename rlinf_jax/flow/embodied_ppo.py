@@ -161,9 +161,6 @@ class PPOTrainer:
 
         if getattr(self, "_warm_params", None) is None:
             sft, seed = self.cfg.sft, self.cfg.runner.seed
-            if min(sft.dagger_rounds, sft.critic_warmup_steps) < 0 or min(sft.dagger_episodes, sft.critic_warmup_episodes) < 1:
-                raise BadInput("sft.dagger_rounds and sft.critic_warmup_steps must be >= 0, "
-                               "sft.dagger_episodes and sft.critic_warmup_episodes >= 1")
             data = vla_bc.expert_demos(self.env, sft.num_demos, seed)
             fit = dict(steps=sft.warm_start_steps, lr=sft.lr, batch_size=sft.batch_size, seed=seed, log=print)
             if self.cfg.actor.model.kind == "pi0":  # flow matching on the expert's chunks

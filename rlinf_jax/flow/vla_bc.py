@@ -19,10 +19,23 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 
 
+def chunks_per_episode(env) -> int:
+    """Policy calls in one episode of the base `TabletopEnv` (the last chunk may be short)."""
+    c = env.config
+    return -(-c.max_steps // c.chunk_length)
+
+
+def train_episode_ids(rng: np.random.Generator, num_envs: int) -> jax.Array:
+    """``num_envs`` training-split episode ids drawn with ``rng`` (int32, on the device)."""
+    from rlinf_jax.envs.tabletop import episode_id
+
+    return jnp.asarray(episode_id("train", rng.integers(0, 1 << 24, size=num_envs)), jnp.int32)
+
+
 def expert_demos(env, num_episodes: int, seed: int) -> dict[str, np.ndarray]:
     """Successful expert steps of ``num_episodes`` training episodes as numpy arrays
     ``[N, ...]``: ``image``, ``tokens``, ``proprio`` and the action chunk ``action``."""
-    from rlinf_jax.envs.tabletop import TabletopEnv, collect_demos, demo_dataset, episode_id
+    from rlinf_jax.envs.tabletop import TabletopEnv, collect_demos, demo_dataset
 
     base = env.unwrapped
     if not isinstance(base, TabletopEnv):
@@ -31,13 +44,11 @@ def expert_demos(env, num_episodes: int, seed: int) -> dict[str, np.ndarray]:
     # Episodes far from the ones reset(key) tends to draw first: the warm start should not
     # be a replay of the RL run's own first episodes.
     rng = np.random.default_rng(seed)
-    num_chunks = -(-c.max_steps // c.chunk_length)
-    batches = []
-    for start in range(0, num_episodes, c.num_envs):
-        idx = rng.integers(0, 1 << 24, size=c.num_envs)
-        ids = jnp.asarray(episode_id("train", idx), jnp.int32)
-        batches.append(demo_dataset(jax.jit(collect_demos, static_argnums=(0, 2))(base, ids, num_chunks)))
-        del start
+    collect = jax.jit(collect_demos, static_argnums=(0, 2))
+    batches = [
+        demo_dataset(collect(base, train_episode_ids(rng, c.num_envs), chunks_per_episode(base)))
+        for _ in range(0, num_episodes, c.num_envs)
+    ]
     data = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
     if len(data["action"]) == 0:
         raise BadInput("the scripted expert solved none of the demo episodes; raise sft.num_demos")
@@ -205,19 +216,38 @@ def policy_visits(env, policy, graphdef, params, episode_ids, num_chunks: int, k
     return {**recs, "success": success}
 
 
-def dagger_data(env, visit, params, num_episodes: int, seed: int):
-    """``visit`` (a jitted `policy_visits` of params, episode ids, key) on ``num_episodes``
-    training-split episodes drawn with ``seed``: ``(steps, success rate)``, the steps as
-    numpy arrays ``[N, ...]`` like `expert_demos`'s (every valid visited state, whether or
-    not the policy's episode succeeded)."""
-    from rlinf_jax.envs.tabletop import episode_id
+def policy_visitor(env, policy, graphdef, greedy: bool):
+    """`policy_visits` on ``env``'s base `TabletopEnv` for whole episodes, jitted:
+    ``(params, episode ids, key) -> records``."""
+    base = env.unwrapped
+    num_chunks = chunks_per_episode(base)
+    return jax.jit(lambda p, ids, k: policy_visits(base, policy, graphdef, p, ids, num_chunks, k, greedy))
 
+
+def visited_batches(env, visit, params, num_episodes: int, rng: np.random.Generator, key, first: int = 0):
+    """``visit`` on ``num_episodes`` training-split episodes (rounded up to whole env
+    batches) drawn with ``rng``; batch ``i`` samples with ``fold_in(key, first + i)``.
+    Yields each batch's records on the host."""
+    n = env.unwrapped.config.num_envs
+    for i in range(-(-num_episodes // n)):
+        yield jax.device_get(visit(params, train_episode_ids(rng, n), jax.random.fold_in(key, first + i)))
+
+
+def dagger_capacity(env, num_steps: int, rounds: int, episodes: int) -> int:
+    """Rows that ``num_steps`` demonstration steps plus ``rounds`` DAgger rounds of
+    ``episodes`` episodes can fill at most (every chunk of every visited episode)."""
     c = env.unwrapped.config
-    rng = np.random.default_rng(seed)
+    per_round = -(-episodes // c.num_envs) * c.num_envs * chunks_per_episode(env.unwrapped)
+    return num_steps + rounds * per_round
+
+
+def dagger_data(env, visit, params, num_episodes: int, seed: int):
+    """``visit`` (a `policy_visitor`) on ``num_episodes`` training-split episodes drawn
+    with ``seed``: ``(steps, success rate)``, the steps as numpy arrays ``[N, ...]`` like
+    `expert_demos`'s (every valid visited state, whether or not the policy's episode
+    succeeded)."""
     steps, success = [], []
-    for i in range(-(-num_episodes // c.num_envs)):
-        ids = jnp.asarray(episode_id("train", rng.integers(0, 1 << 24, size=c.num_envs)), jnp.int32)
-        host = jax.device_get(visit(params, ids, jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+    for host in visited_batches(env, visit, params, num_episodes, np.random.default_rng(seed), jax.random.PRNGKey(seed)):
         keep = np.asarray(host["valid"], bool)
         steps.append({k: np.asarray(host[k])[keep] for k in ("image", "tokens", "proprio", "action")})
         success.append(np.asarray(host["success"], np.float32))
@@ -264,21 +294,17 @@ def dagger_clone(
     before that round's cloning)."""
     if rounds < 1 or episodes < 1 or round_steps < 1:
         raise BadInput("DAgger needs sft.dagger_rounds, sft.dagger_episodes and sft.dagger_steps >= 1")
-    base = env.unwrapped
-    c = base.config
-    num_chunks = -(-c.max_steps // c.chunk_length)
-    per_round = -(-episodes // c.num_envs) * c.num_envs * num_chunks
-    capacity = len(data["action"]) + rounds * per_round
+    capacity = dagger_capacity(env, len(data["action"]), rounds, episodes)
     tx = optax.adam(lr)
     opt_state = tx.init(params)
     clone = make_clone_steps(policy, graphdef, tx, min(batch_size, len(data["action"])))
-    visit = jax.jit(lambda p, ids, k: policy_visits(base, policy, graphdef, p, ids, num_chunks, k, greedy))
+    visit = policy_visitor(env, policy, graphdef, greedy)
     data = {k: data[k] for k in ("image", "tokens", "proprio", "action")}
     key = jax.random.PRNGKey(seed)
     hist = {"loss": [], "accuracy": [], "success": []}
     for r in range(rounds + 1):
         if r:
-            new, success = dagger_data(base, visit, params, episodes, seed * 1000 + r)
+            new, success = dagger_data(env, visit, params, episodes, seed * 1000 + r)
             data = {k: np.concatenate([data[k], new[k]]) for k in data}
             hist["success"].append(success)
         n = len(data["action"])
@@ -321,17 +347,10 @@ def fit_value_head(policy, graphdef, params, env, *, episodes: int, steps: int, 
     sampled episodes (``episodes`` training-split episodes, sampled as the RL rollout
     samples). Returns the params (every other leaf untouched) and the final mean squared
     error."""
-    from rlinf_jax.envs.tabletop import episode_id
-
-    base = env.unwrapped
-    c = base.config
-    num_chunks = -(-c.max_steps // c.chunk_length)
-    visit = jax.jit(lambda p, ids, k: policy_visits(base, policy, graphdef, p, ids, num_chunks, k, False))
-    rng = np.random.default_rng(seed + 1)
+    visit = policy_visitor(env, policy, graphdef, greedy=False)
     obs, targets = [], []
-    for i in range(-(-episodes // c.num_envs)):
-        ids = jnp.asarray(episode_id("train", rng.integers(0, 1 << 24, size=c.num_envs)), jnp.int32)
-        host = jax.device_get(visit(params, ids, jax.random.fold_in(jax.random.PRNGKey(seed), 7 + i)))
+    rng, key = np.random.default_rng(seed + 1), jax.random.PRNGKey(seed)
+    for host in visited_batches(env, visit, params, episodes, rng, key, first=7):
         live = np.asarray(host["live"], bool)
         ret = discounted_returns(np.asarray(host["reward"], np.float32) * reward_scale, live, gamma)
         obs.append({k: np.asarray(host[k])[live] for k in ("image", "tokens", "proprio")})

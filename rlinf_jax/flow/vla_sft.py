@@ -70,20 +70,15 @@ class VLASFTTrainer:
         self.dagger_steps_at = self._dagger_schedule()
         if not self.dagger_steps_at:
             self.data = vla_bc.bc_arrays(self.policy, data)
-            sample = None  # every step draws distinct demo steps, as without DAgger before
+            self.rows = None  # every step draws distinct demo steps, as without DAgger before
         else:
-            c = self.core.env.unwrapped.config
-            num_chunks = -(-c.max_steps // c.chunk_length)
-            per_round = -(-sft.dagger_episodes // c.num_envs) * c.num_envs * num_chunks
-            self.capacity = self.num_examples + len(self.dagger_steps_at) * per_round
+            self.capacity = vla_bc.dagger_capacity(
+                self.core.env, self.num_examples, len(self.dagger_steps_at), sft.dagger_episodes
+            )
             self.demos = {k: data[k] for k in ("image", "tokens", "proprio", "action")}
             self.data = vla_bc.pad_steps(self.policy, self.demos, self.capacity)
             self.rows = jnp.int32(self.num_examples)
-            base = self.core.env.unwrapped
-            self._visit = jax.jit(
-                lambda p, ids, k: vla_bc.policy_visits(base, self.policy, self.graphdef, p, ids, num_chunks, k, True)
-            )
-            sample = True
+            self._visit = vla_bc.policy_visitor(self.core.env, self.policy, self.graphdef, greedy=True)
         self.rounds_done = 0
 
         def steps(ts: TrainState, n, data, rows):
@@ -92,7 +87,7 @@ class VLASFTTrainer:
                 key = jax.random.fold_in(ts.key, ts.step)  # a resumed run draws what it would have
                 params, opt_state, loss, acc = vla_bc.bc_step(
                     self.policy, self.graphdef, self.tx, data, self.batch_size, ts.params, ts.opt_state, key,
-                    rows=rows if sample else None,
+                    rows=rows,
                 )
                 ts = ts.replace(params=params, opt_state=opt_state, step=ts.step + 1)
                 return ts, loss_sum + loss, acc_sum + acc
@@ -106,8 +101,6 @@ class VLASFTTrainer:
     def _dagger_schedule(self) -> list[int]:
         """The steps at which DAgger rounds collect data (empty without DAgger)."""
         sft, total = self.cfg.sft, self.cfg.runner.max_steps
-        if sft.dagger_rounds < 0 or (sft.dagger_rounds and sft.dagger_episodes < 1):
-            raise BadInput("sft.dagger_rounds must be >= 0 and sft.dagger_episodes >= 1")
         return [total * k // (sft.dagger_rounds + 1) for k in range(1, sft.dagger_rounds + 1)]
 
     def _dagger_round(self, ts: TrainState) -> None:
@@ -132,7 +125,7 @@ class VLASFTTrainer:
                 continue
             upcoming = [s for s in self.dagger_steps_at[self.rounds_done :] if s > step]
             k = min(n - done, (upcoming[0] - step) if upcoming else n - done)
-            ts, part = self._steps(ts, jnp.int32(k), self.data, getattr(self, "rows", None))
+            ts, part = self._steps(ts, jnp.int32(k), self.data, self.rows)
             part = {key: v * k for key, v in part.items()}  # sums, averaged over n below
             metrics = part if metrics is None else {key: metrics[key] + part[key] for key in part}
             done, step = done + k, step + k
