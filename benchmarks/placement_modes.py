@@ -26,6 +26,9 @@ The last line of stdout is one JSON object: per device count every mode's env-st
 ``ratio`` = best pipelined layout / collocated (auto's counts when it chose a pipelined
 layout: it is one the user gets from config alone), and auto's predicted vs measured;
 top-level ``ratio`` is the smallest per-device-count ratio (the conservative figure).
+Each mode also reports ``cpu_util`` (cores this process kept busy while timed) and
+``cpu_ms_per_1k_steps``: on a CPU backend, where forced devices share the machine's
+cores, they show how much room overlapping stages has left.
 
     python benchmarks/placement_modes.py                 # 2 and 8 devices, ~6 min on 2 CPU cores
     python benchmarks/placement_modes.py --devices 2 --iterations 10 --repeats 5
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,12 +59,11 @@ MLP_WORKLOAD = [
     "runner.progress_bar=false",
 ]
 
-# The recipe's VLA and scene on 16 envs with 2 epochs of 2 minibatches (the workload the
-# figures in benchmarks/README.md were measured on); cached resets so the env batch can be
-# cut into micro-batches, and no warm start (the timing is of the RL flow, not of cloning).
+# The recipe's VLA, scene, env batch (64) and update (one epoch of 2 minibatches); cached
+# resets so the env batch can be cut into micro-batches, and no warm start (the timing is
+# of the RL flow, not of cloning).
 VLA_WORKLOAD = [
-    "env.num_envs=16", "algorithm.update_epochs=2", "env.reset_mode=cached", "sft.warm_start_steps=0",
-    "sft.critic_warmup_steps=0", "runner.progress_bar=false",
+    "env.reset_mode=cached", "sft.warm_start_steps=0", "sft.critic_warmup_steps=0", "runner.progress_bar=false",
 ]
 
 WORKLOADS = {"mlp": ("ppo_brax", MLP_WORKLOAD, True), "vla": ("ppo_vla_tabletop", VLA_WORKLOAD, False)}
@@ -92,17 +95,28 @@ class _Timed:
         self.state, sums = trainer.run_iterations(self.state, 1)  # warm: first-call dispatch paths
         trainer.summarize(sums, 1)
         self.rounds: list[float] = []
+        self.cpu: list[tuple[float, float, int]] = []  # (process CPU s, wall s, env-steps) per round
 
     def time(self, iterations: int) -> float:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_seconds()
         self.state, sums = self.trainer.run_iterations(self.state, iterations)
         self.trainer.summarize(sums, iterations)  # blocks until the last iteration is done
-        self.rounds.append(iterations * self.trainer.env_steps_per_iteration / (time.perf_counter() - t0))
+        wall, steps = time.perf_counter() - t0, iterations * self.trainer.env_steps_per_iteration
+        self.rounds.append(steps / wall)
+        self.cpu.append((_cpu_seconds() - c0, wall, steps))
         return self.rounds[-1]
 
     @property
     def median(self) -> float:
         return statistics.median(self.rounds)
+
+    def cpu_figures(self) -> dict:
+        """The process's CPU time over the timed rounds: cores kept busy on average, and CPU
+        milliseconds per 1,000 env-steps. On a CPU backend these bound what any layout can
+        gain: a layout doing the same work with every core busy is at most
+        ``cores / util`` times faster."""
+        cpu, wall, steps = (sum(x) for x in zip(*self.cpu))
+        return {"cpu_util": round(cpu / wall, 2), "cpu_ms_per_1k_steps": round(1e6 * cpu / steps, 1)}
 
 
 def child(workload: str, num_devices: int, iterations: int, repeats: int, extra: list[str]) -> dict:
@@ -137,6 +151,7 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
             "rounds": [round(x, 1) for x in t.rounds],
             "placement": t.trainer.placement.to_json(),
             "runner": type(t.trainer).__name__,
+            **t.cpu_figures(),
         }
     pipelined = {m: out["modes"][m]["env_steps_per_sec"] for m in ("disaggregated", "hybrid")}
     if plan is not None:
@@ -204,7 +219,8 @@ def main(argv=None, name: str = "placement_modes") -> int:
         line = (
             f"{n} devices: collocated {m['collocated']['env_steps_per_sec']:,.0f}  disaggregated "
             f"{m['disaggregated']['env_steps_per_sec']:,.0f}  hybrid {m['hybrid']['env_steps_per_sec']:,.0f}  "
-            f"-> ratio {r['ratio']:.2f} ({r['best_pipelined']})"
+            f"-> ratio {r['ratio']:.2f} ({r['best_pipelined']}); CPU cores busy "
+            + " / ".join(f"{m[k]['cpu_util']:.2f}" for k in ("collocated", "disaggregated", "hybrid"))
         )
         if "auto" in r:
             a = r["auto"]
@@ -223,6 +239,12 @@ def main(argv=None, name: str = "placement_modes") -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _has_accelerator() -> bool:

@@ -75,6 +75,42 @@ print(json.dumps(out))
 """
 
 
+# ------------------------------------------------------------ final values
+@pytest.mark.parametrize(
+    "truncated_at",
+    [
+        [(1, 0), (3, 2)],  # within the bound: only those rows go through the critic
+        [(t, b) for t in range(4) for b in range(3)],  # more than the bound: the full pass
+        [],  # none: no pass
+    ],
+)
+def test_final_values_bootstrap_exactly_the_truncated_rows(truncated_at):
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from rlinf_jax.flow.embodied_ppo import PPOTrainer
+
+    T, B = 4, 3
+    rng = np.random.default_rng(0)
+    final_obs = rng.normal(size=(T, B, 5)).astype(np.float32)
+    truncated = np.zeros((T, B), np.float32)
+    for t, b in truncated_at:
+        truncated[t, b] = 1.0
+    traj = SimpleNamespace(
+        reward=jnp.zeros((T, B)), truncated=jnp.asarray(truncated), final_obs=jnp.asarray(final_obs)
+    )
+    # Episodes of 4 sub-steps in chunks of 2: at most ceil(4 / 2) = 2 truncations per env.
+    trainer = SimpleNamespace(cfg=SimpleNamespace(env=SimpleNamespace(episode_length=4)), substeps=2)
+    weights = rng.normal(size=5).astype(np.float32)
+    critic = lambda o: jnp.tanh(o @ weights)  # noqa: E731
+    got = np.asarray(PPOTrainer._final_values(trainer, critic, traj)).reshape(T, B)
+    want = np.array(
+        [[np.tanh(final_obs[t, b] @ weights) if truncated[t, b] else 0.0 for b in range(B)] for t in range(T)]
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_collocated_disaggregated_and_hybrid_give_the_same_numbers():
     # 8 fake CPU devices; 48 envs split over 2 micro-batches and meshes of 2..8 devices.

@@ -96,6 +96,11 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
     np.testing.assert_allclose(np.asarray(again), ref_logprob, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(entropy), ref_entropy, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(value2), np.asarray(value), rtol=1e-6)
+    # The rollout records the value its acting pass computed: the same sample, the critic's value.
+    *sampled, rollout_value = policy.act_with_value(model, obs, keys)
+    for got, want in zip(sampled, (action, bins, logprob)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(rollout_value), np.asarray(policy.critic(model, obs)), rtol=1e-6)
 
     # Bin b of n is OpenVLA's token vocab_end - (n - b): centre of the (n-1-b)-th interval
     # of linspace(-1, 1, n), the two end bins sharing the end centres.
@@ -107,6 +112,46 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
     np.testing.assert_allclose(
         np.asarray(greedy), centres[np.clip(8 - np.argmax(np.asarray(logits), -1) - 1, 0, 6)].reshape(3, 2, 7)
     )
+
+
+@pytest.mark.parametrize("level", ["action", "token"])
+def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
+    from rlinf_jax.flow.embodied_ppo import PPOTrainer
+    from rlinf_jax.sharding import data_mesh
+
+    cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, f"actor.model.vla_logprob_level={level}"])
+    trainer = PPOTrainer(cfg, make_env(cfg.env), make_eval_env(cfg.env), data_mesh(1))
+    params = trainer._init_params
+    model = trainer.model(params)
+    obs = _obs(batch=4)
+    keys = jax.random.split(jax.random.PRNGKey(2), 4)
+    _, bins, logprob = trainer.policy.act(model, obs, keys)
+    logits, _ = model(obs)
+    lp = _log_softmax(np.asarray(logits, np.float64) / trainer.policy.temperature)
+    token_lp = np.take_along_axis(lp, np.asarray(bins)[..., None], -1)[..., 0]  # [4, 14]
+    per_unit = token_lp if level == "token" else token_lp.reshape(4, 2, 7).sum(-1)
+    np.testing.assert_allclose(np.asarray(logprob), per_unit, rtol=1e-5, atol=1e-5)
+
+    # A behaviour policy that differs per unit, so some ratios clip and others do not.
+    rng = np.random.default_rng(5)
+    old = per_unit + rng.uniform(-0.4, 0.4, per_unit.shape)
+    adv = np.array([1.0, -2.0, 0.5, -0.3])
+    batch = {
+        "obs": obs, "raw_action": bins, "logprob": jnp.asarray(old, jnp.float32),
+        "advantage": jnp.asarray(adv, jnp.float32), "return": jnp.zeros(4),
+    }
+    _, metrics = trainer._loss(params, None, batch, jax.random.PRNGKey(0))
+    a = (adv - adv.mean()) / (adv.std() + 1e-8) if cfg.algorithm.normalize_advantages else adv
+    eps = cfg.algorithm.clip_eps
+    terms = [
+        max(-a[i] * np.exp(per_unit[i, j] - old[i, j]), -a[i] * np.clip(np.exp(per_unit[i, j] - old[i, j]), 1 - eps, 1 + eps))
+        for i in range(4)
+        for j in range(per_unit.shape[1])
+    ]
+    np.testing.assert_allclose(float(metrics["train/policy_loss"]), np.mean(terms), rtol=1e-4, atol=1e-6)
+    clipped = np.abs(np.exp(per_unit - old) - 1) > eps
+    assert 0 < clipped.mean() < 1
+    np.testing.assert_allclose(float(metrics["train/clip_frac"]), clipped.mean(), atol=1e-6)
 
 
 def test_action_slots_read_each_other_and_the_instruction():

@@ -431,6 +431,15 @@ def validate(cfg: Config) -> None:
         _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
     _require(m.vla_n_bins >= 2, f"actor.model.vla_n_bins={m.vla_n_bins} must be >= 2")
     _require(m.vla_temperature > 0, f"actor.model.vla_temperature={m.vla_temperature} must be > 0")
+    _require(
+        m.vla_logprob_level in ("chunk", "action", "token"),
+        f"actor.model.vla_logprob_level={m.vla_logprob_level!r} is unknown; choose chunk, action or token",
+    )
+    _require(
+        m.kind != "pi0" or m.vla_logprob_level == "chunk",
+        f"actor.model.vla_logprob_level={m.vla_logprob_level} applies to kind=vla; pi0's log-prob is per "
+        "chunk: set it to chunk",
+    )
     for name in ("pi0_expert_hidden_size", "pi0_expert_intermediate_size", "pi0_num_steps"):
         _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
     _require(

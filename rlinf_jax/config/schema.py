@@ -103,6 +103,11 @@ class PolicyConfig:
     vla_vision_heads: int = 2
     vla_n_bins: int = 256
     vla_temperature: float = 1.0
+    # The unit PPO's ratio is taken over (RLinf's logprob_type): "chunk" (the log-probs of
+    # all chunk x 7 action tokens summed: one ratio per chunk), "action" (one per step of
+    # the chunk, its 7 dimensions summed) or "token" (one per action token); the advantage
+    # of the chunk applies to each, and the loss averages over them.
+    vla_logprob_level: str = "chunk"
     # kind=pi0: a tiny pi0 (the vla_* tower, the lm_* sizes as its Gemma prefix, a Gemma
     # action expert of these sizes sharing the prefix's layers, KV heads and head_dim)
     # denoising each action chunk in pi0_num_steps flow-matching steps; RL log-probs by

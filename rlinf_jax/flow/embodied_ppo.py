@@ -1,7 +1,8 @@
 """Embodied PPO on a batched JAX env, collocated and fused.
 
 One training iteration is: unroll the env batch for ``rollout_length`` steps with the
-current policy, compute values and GAE in one batched pass, then run ``update_epochs``
+current policy, compute values (unless the rollout recorded them) and GAE in one batched
+pass, then run ``update_epochs``
 epochs of clipped PPO over shuffled minibatches. All of it is a pure function of a
 `TrainState`, and `run_chunk` loops it ``n`` times inside a single `jax.jit` (the
 PureJaxRL / Brax way: no host round trip between iterations). The env batch is sharded
@@ -255,9 +256,11 @@ class PPOTrainer:
         return learner.replace(env_state=env_state, key=key), metrics
 
     def policy_fn(self, params, stats):
-        """``(obs, per-env keys) -> (action, raw_action, logprob)``: what the rollout runs."""
+        """``(obs, per-env keys) -> (action, raw_action, logprob[, value])``: what the rollout
+        runs; the value where the policy's acting pass yields it (``act_with_value``)."""
         model = self.model(params)
-        return lambda obs, keys: self.policy.act(model, self.normalize(stats, obs), keys)
+        act = getattr(self.policy, "act_with_value", self.policy.act)
+        return lambda obs, keys: act(model, self.normalize(stats, obs), keys)
 
     def learn(self, ts: TrainState, traj: Transition, last_obs, update_key):
         """The actor's half of an iteration: values, advantages, PPO epochs, statistics.
@@ -309,25 +312,48 @@ class PPOTrainer:
             zeros = jnp.zeros((T, B), traj.reward.dtype)
             return zeros + adv[None], zeros + episode_return[None], zeros
         flat = lambda tree: jax.tree.map(lambda x: x.reshape(T * B, *x.shape[2:]), tree)  # noqa: E731
-        obs = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), flat(traj.obs), last_obs)
-        v = self.policy.critic(model, self.normalize(stats, obs))
-        values, last_value = v[: T * B].reshape(T, B), v[T * B :]
+        critic = lambda o: self.policy.critic(model, self.normalize(stats, o))  # noqa: E731
+        if traj.value is not None:  # recorded by the rollout's acting pass
+            values, last_value = traj.value, critic(last_obs)
+        else:
+            v = critic(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), flat(traj.obs), last_obs))
+            values, last_value = v[: T * B].reshape(T, B), v[T * B :]
         truncations = final_values = None
         if alg.bootstrap_on_truncation:
             truncations = traj.truncated
-            # Truncations are rare (once per episode_length steps): pay the critic pass over
-            # the final observations only in iterations that have one.
-            final_values = jax.lax.cond(
-                jnp.any(truncations > 0),
-                lambda o: self.policy.critic(model, self.normalize(stats, flat(o))).reshape(T, B),
-                lambda o: jnp.zeros((T, B), traj.reward.dtype),
-                traj.final_obs,
-            )
+            final_values = self._final_values(critic, traj).reshape(T, B)
         rewards = traj.reward * alg.reward_scale
         adv, ret = self.advantage_fn(
             rewards, values, traj.done, last_value, alg.gamma, alg.gae_lambda, truncations, final_values
         )
         return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(ret), values
+
+    def _final_values(self, critic, traj: Transition) -> jax.Array:
+        """V(final observation) ``[T * B]`` where an episode was truncated (0 elsewhere).
+
+        A time limit truncates each env at most once per ``episode_length`` sub-steps, so an
+        iteration has at most ``B * ceil(T / policy steps per episode)`` truncations: the
+        critic runs on those rows only, gathered, instead of on all ``T x B`` final
+        observations. Should a batch ever hold more, the full pass runs instead; with none,
+        no pass at all.
+        """
+        T, B = traj.reward.shape
+        trunc = traj.truncated.reshape(T * B) > 0
+        count = jnp.sum(trunc)
+        steps_per_episode = max(1, -(-self.cfg.env.episode_length // self.substeps))  # ceil
+        k = min(T * B, B * -(-T // steps_per_episode))
+        flat_final = jax.tree.map(lambda x: x.reshape(T * B, *x.shape[2:]), traj.final_obs)
+        zeros = jnp.zeros((T * B,), traj.reward.dtype)
+
+        def gathered(o):
+            (rows,) = jnp.nonzero(trunc, size=k, fill_value=0)
+            v = critic(jax.tree.map(lambda x: x[rows], o))
+            return zeros.at[rows].add(jnp.where(trunc[rows], v, 0.0))  # padding rows add 0
+
+        def branch(o):
+            return jax.lax.cond(count <= k, gathered, lambda o: jnp.where(trunc, critic(o), 0.0), o)
+
+        return jax.lax.cond(count > 0, branch, lambda o: zeros, flat_final)
 
     def _loss(self, params, stats, batch, key):
         alg = self.cfg.algorithm
@@ -337,6 +363,9 @@ class PPOTrainer:
         adv = batch["advantage"]
         if alg.normalize_advantages:
             adv = (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
+        # Log-probs finer than a step (a VLA's per-action or per-token level, [N, k]): the
+        # step's advantage applies to each of its k ratios.
+        adv = jnp.broadcast_to(adv.reshape(adv.shape + (1,) * (logprob.ndim - 1)), logprob.shape)
         pg_loss, pg_metrics = self.policy_loss_fn(
             logprob, batch["logprob"], adv, clip_low=alg.clip_eps, clip_high=alg.clip_eps
         )

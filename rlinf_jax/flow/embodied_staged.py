@@ -231,15 +231,15 @@ class StagedPPO:
                 t_arr = np.int32(t)
                 for m in range(self.num_micro):
                     obs = self.infer.put(s.env_states[m].obs, batch_dim=0)
-                    action, raw, logprob = self.infer(s.rollout_params, s.rollout_stats, obs, rk, t_arr, np.int32(m * mb))
+                    action, *recorded = self.infer(s.rollout_params, s.rollout_stats, obs, rk, t_arr, np.int32(m * mb))
                     s.env_states[m], tr = self.step(s.env_states[m], self.step.put(action, batch_dim=0))
                     env_side[m].append(tr)
-                    roll_side[m].append((raw, logprob))
+                    roll_side[m].append(tuple(recorded))  # raw action, log-prob[, value]
             trajs = []
             for m in range(self.num_micro):
                 tr = self.stack(env_side[m])
-                raw, logprob = self.stack_r(roll_side[m])
-                trajs.append(tr.replace(raw_action=raw, logprob=logprob))
+                raw, logprob, *value = self.stack_r(roll_side[m])
+                trajs.append(tr.replace(raw_action=raw, logprob=logprob, value=value[0] if value else None))
         trajs = [self.assemble.put(tr, batch_dim=1) for tr in trajs]
         last = [self.assemble.put(st.obs, batch_dim=0) for st in s.env_states]
         traj, last_obs = self.assemble(trajs, last)

@@ -29,6 +29,10 @@ class EmbodiedPolicy(Protocol):
     def act(self, model, obs, keys) -> tuple[Any, Any, jax.Array]:
         """Samples with one key per env: ``(env action, stored action, log-prob [B])``."""
 
+    # Optional: ``act_with_value(model, obs, keys)`` -> ``act``'s triple plus values ``[B]``,
+    # for policies whose acting pass computes the value anyway (the VLA's value head). The
+    # rollout then records them and the learner skips its critic pass over the trajectory.
+
     def act_deterministic(self, model, obs) -> Any:
         """The evaluation action (mode or greedy decode)."""
 

@@ -1,7 +1,9 @@
 """Env rollout loops: `lax.scan` over `env.step` with a policy in the loop.
 
-Only the policy runs per step; values are computed afterwards in one batched call
-(cheaper on every backend than a critic forward inside the loop).
+Only the policy runs per step. Values are computed afterwards in one batched call
+(cheaper on every backend than a critic forward inside the loop), except where the
+policy's acting pass yields them for free (a VLA's value head reads a hidden state the
+action needs anyway); then the policy returns them and the transition carries them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Transition:
     episode_length: jax.Array
     # 1 where a finished episode reached the env's success condition (0 for envs without one).
     episode_success: jax.Array
+    # V(obs) from the acting pass, for policies that yield it (None: the learner computes it).
+    value: jax.Array | None = None
 
 
 def env_keys(step_key: jax.Array, num_envs: int, first_env: int = 0) -> jax.Array:
@@ -48,7 +52,7 @@ def step_keys(key: jax.Array, length: int) -> jax.Array:
     return jax.random.split(key, length)
 
 
-def env_step(env: Env, state: EnvState, action: jax.Array, raw, logprob) -> tuple[EnvState, Transition]:
+def env_step(env: Env, state: EnvState, action: jax.Array, raw, logprob, value=None) -> tuple[EnvState, Transition]:
     """Steps the env and records the transition (the obs the action was taken from)."""
     nxt = env.step(state, action)
     info = nxt.info
@@ -63,6 +67,7 @@ def env_step(env: Env, state: EnvState, action: jax.Array, raw, logprob) -> tupl
         episode_return=info.get("episode_return", jnp.zeros_like(nxt.reward)),
         episode_length=info.get("episode_length", jnp.zeros_like(nxt.reward)),
         episode_success=info.get("episode_success", jnp.zeros_like(nxt.reward)),
+        value=value,
     )
 
 
@@ -75,12 +80,12 @@ def unroll(
     first_env: int = 0,
 ) -> tuple[EnvState, Transition]:
     """Steps ``env`` ``length`` times; ``policy(obs, keys) -> (action, raw_action, logprob)``
-    with one key per env (see `env_keys`); ``first_env`` is the global index of env 0."""
+    or ``(..., value)`` with one key per env (see `env_keys`); ``first_env`` is the global
+    index of env 0."""
     num_envs = env_state.reward.shape[0]
 
     def step(state: EnvState, step_key):
-        action, raw, logprob = policy(state.obs, env_keys(step_key, num_envs, first_env))
-        return env_step(env, state, action, raw, logprob)
+        return env_step(env, state, *policy(state.obs, env_keys(step_key, num_envs, first_env)))
 
     return jax.lax.scan(step, env_state, step_keys(key, length))
 

@@ -8,7 +8,8 @@ proprioception, action slots]`` runs through the Llama backbone; each of the
 over the action bins give one action dimension.
 Autoregressive decoding would cost ``chunk_length x 7`` cached passes per step, which is
 what makes OpenVLA slow to fine-tune with RL; the parallel form keeps the same discrete
-action space and log-probs (summed over the chunk, RLinf's chunk level) at one pass.
+action space and log-probs at one pass: summed over the chunk (RLinf's chunk level, the
+default), per step of the chunk or per token (``actor.model.vla_logprob_level``).
 
 The stored action is the chunk of bin indices ``[B, chunk x 7]`` (int32); the env gets bin
 centres in [-1, 1] shaped ``[B, chunk, 7]``. Proprioception enters as one projected token
@@ -25,6 +26,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import LMConfig
 from rlinf_jax.policies.lm.config import RopeConfig
+from rlinf_jax.policies.vla.action_tokens import reduce_logprobs
 from rlinf_jax.policies.vla.heads import ValueHead
 from rlinf_jax.policies.vla.oft import OFTConfig, OFTPolicy
 from rlinf_jax.policies.vla.openvla import OpenVLA, OpenVLAConfig
@@ -116,6 +118,7 @@ class ChunkVLAPolicy:
         self.chunk_length, self.action_size, self.proprio_size = chunk_length, action_size, proprio_size
         self.num_slots = chunk_length * action_size
         self.temperature = float(model_cfg.vla_temperature)
+        self.logprob_level = model_cfg.vla_logprob_level
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
         self.tokenizer = self.config.tokenizer
 
@@ -128,15 +131,25 @@ class ChunkVLAPolicy:
         """Bin indices ``[B, slots]`` -> bin centres ``[B, chunk, 7]`` in [-1, 1]."""
         return self.tokenizer.decode(self.tokenizer.first_id + bins).reshape(bins.shape[0], self.chunk_length, self.action_size)
 
+    def _stored_logprob(self, logp, bins):
+        """Log-probs of the chosen bins at ``vla_logprob_level``: ``[B]`` (chunk), ``[B,
+        chunk]`` (action) or ``[B, chunk x 7]`` (token)."""
+        token_lp = jnp.take_along_axis(logp, bins[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return reduce_logprobs(token_lp, self.action_size, self.logprob_level)
+
     def _logp(self, logits):
         return jax.nn.log_softmax(logits.astype(jnp.float32) / self.temperature, axis=-1)
 
     def act(self, model, obs, keys):
-        logits, _ = model(obs)
+        return self.act_with_value(model, obs, keys)[:3]
+
+    def act_with_value(self, model, obs, keys):
+        """`act` plus the value the same forward pass computes (RLinf's rollout values): the
+        learner then needs no critic pass over the trajectory."""
+        logits, value = model(obs)
         logp = self._logp(logits)
         bins = jax.vmap(lambda k, lp: jax.random.categorical(k, lp, axis=-1))(keys, logp).astype(jnp.int32)
-        chunk_lp = jnp.sum(jnp.take_along_axis(logp, bins[..., None], axis=-1)[..., 0], axis=-1)
-        return self.env_action(bins), bins, chunk_lp
+        return self.env_action(bins), bins, self._stored_logprob(logp, bins), value
 
     def act_deterministic(self, model, obs):
         logits, _ = model(obs)
@@ -146,9 +159,8 @@ class ChunkVLAPolicy:
         del key  # the entropy of a categorical is exact
         logits, value = model(obs)
         logp = self._logp(logits)
-        token_lp = jnp.take_along_axis(logp, stored_action[..., None].astype(jnp.int32), axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-        return jnp.sum(token_lp, axis=-1), jnp.sum(entropy, axis=-1), value
+        return self._stored_logprob(logp, stored_action), jnp.sum(entropy, axis=-1), value
 
     def critic(self, model, obs):
         return model(obs)[1]
