@@ -369,11 +369,13 @@ def fit_value_head(policy, graphdef, params, env, *, episodes: int, steps: int, 
             batch = jax.tree.map(lambda x: x[idx], arrays)
 
             def loss_fn(q):
+                # Frozen leaves are constants: their gradients are exact zeros, and the
+                # backward pass stops at the value head instead of running the backbone's.
+                q = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), q, mask)
                 _, value = nnx.merge(graphdef, q)(batch)
                 return jnp.mean((value - target[idx]) ** 2)
 
             loss, grads = jax.value_and_grad(loss_fn)(p)
-            grads = jax.tree.map(lambda g, m: g if m else jnp.zeros_like(g), grads, mask)
             updates, opt = tx.update(grads, opt, p)
             return (optax.apply_updates(p, updates), opt), loss
 

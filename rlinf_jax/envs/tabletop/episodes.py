@@ -189,7 +189,6 @@ decode_batch = jax.jit(jax.vmap(decode, in_axes=(0, None)), static_argnums=1)
 def episode_spec(split: str, index, layout: str = "random") -> EpisodeSpec:
     """(split, index) -> spec; `index` may be an int or an int array (batched spec)."""
     ids = episode_id(split, index)
-    check_layout(layout)
     if np.ndim(ids) == 0:
         return decode_one(jnp.asarray(ids, jnp.int32), layout=layout)
     return decode_batch(jnp.asarray(ids, jnp.int32), layout)
@@ -205,7 +204,7 @@ def instruction(eid: int) -> str:
 def describe(eid: int, layout: str = "random") -> dict:
     """A plain-Python summary of an episode's factors (for logs, docs and tests)."""
     split, index = split_of(eid)
-    s = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32), check_layout(layout)))
+    s = jax.device_get(decode_batch(jnp.asarray([int(eid)], jnp.int32), layout))
     d = int(s.distractor[0])
     return {
         "episode_id": int(eid),
