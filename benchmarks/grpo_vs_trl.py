@@ -76,9 +76,9 @@ def char_tokenizer_json(out_dir: Path) -> None:
 def make_checkpoint(work: Path, warm_start_steps: int) -> Path:
     """SFT warm start of the tiny model with our trainer, exported as a HF directory."""
     from rlinf_jax.config import load_config
-    from rlinf_jax.flow.reasoning_model import load_checkpoint_policy
-    from rlinf_jax.flow.reasoning_runner import run
     from rlinf_jax.policies.lm import save_pretrained
+    from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
+    from rlinf_jax.tasks.sft.run import run
 
     model_dir = work / "model"
     cfg = load_config("sft_math", [f"runner.output_dir={work}", "runner.experiment_name=sft",
@@ -91,8 +91,8 @@ def make_checkpoint(work: Path, warm_start_steps: int) -> Path:
     else:
         from flax import nnx
 
-        from rlinf_jax.flow.reasoning_model import lm_config_from
         from rlinf_jax.policies.lm import CausalLM
+        from rlinf_jax.tasks.sft.lm_model import lm_config_from
 
         model = CausalLM(lm_config_from(cfg.actor.model), rngs=nnx.Rngs(0))
     save_pretrained(model, model_dir)
@@ -175,7 +175,7 @@ def run_trl(args) -> dict:
 
 def run_ours(args) -> dict:
     from rlinf_jax.config import load_config
-    from rlinf_jax.flow.reasoning import ReasoningTrainer
+    from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
 
     cfg = load_config("grpo_math", [
         f"runner.output_dir={Path(args.work) / 'ours'}", "runner.compilation_cache=''",

@@ -123,8 +123,10 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
     import jax
 
     from rlinf_jax.config import load_config
-    from rlinf_jax.flow.auto_placement import auto_placement
-    from rlinf_jax.flow.embodied_runner import build_trainer
+    from rlinf_jax.tasks.embodied.auto_placement import auto_placement
+    from rlinf_jax.tasks.embodied.build import build_trainer
+    from rlinf_jax.tasks.embodied.setup import make_setup
+    from rlinf_jax.tasks.embodied.warm_start import warm_start
 
     recipe, base, with_auto = WORKLOADS[workload]
     out: dict = {"devices": num_devices, "platform": jax.devices()[0].platform, "modes": {}}
@@ -134,7 +136,8 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
     plan = None
     if with_auto:
         cfg = load_config(recipe, [*base, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
-        plan = auto_placement(cfg, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
+        setup = warm_start(cfg, make_setup(cfg))
+        plan = auto_placement(cfg, setup, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
         plan.trainer.auto_plan = plan
         timed["auto"] = _Timed(plan.trainer)
 

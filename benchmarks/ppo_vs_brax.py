@@ -486,17 +486,7 @@ def run_brax(args, clock) -> dict:
 
 # ------------------------------------------------------------------------------ ours
 def _build_trainer(cfg):
-    try:
-        from rlinf_jax.flow.embodied_runner import build_trainer
-    except Exception as exc:  # the runner (or its runtime imports) may be mid-edit
-        log(f"[ours] note: rlinf_jax.flow.embodied_runner did not import ({exc!r}); building the trainer directly")
-        from rlinf_jax.envs import make_env, make_eval_env
-        from rlinf_jax.flow.embodied_ppo import PPOTrainer
-        from rlinf_jax.sharding import data_mesh, resolve_num_devices
-
-        def build_trainer(cfg):
-            mesh = data_mesh(resolve_num_devices(cfg.cluster.num_devices))
-            return PPOTrainer(cfg, make_env(cfg.env), make_eval_env(cfg.env), mesh)
+    from rlinf_jax.tasks.embodied.build import build_trainer
 
     return build_trainer(cfg)
 

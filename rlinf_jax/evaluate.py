@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 
 def _parse_args(argv):
@@ -47,70 +46,17 @@ def _parse_args(argv):
     return parser.parse_intermixed_args(argv)
 
 
-def evaluate(path, overrides=(), seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
-    import jax
-
-    from rlinf_jax.config import load_config_file
-    from rlinf_jax.config.schema import FlowConfig
-    from rlinf_jax.errors import BadInput
-    from rlinf_jax.flow.embodied_runner import build_trainer
-    from rlinf_jax.runtime import find_checkpoint, restore_checkpoint
-
-    point = find_checkpoint(path, "path")
-    config_path = Path(point.directory).parent / "config.yaml"
-    if not config_path.is_file():
-        raise BadInput(f"{config_path} is missing: evaluate needs the run folder's resolved config next to checkpoints/")
-    cfg = load_config_file(config_path, overrides)
-    # Evaluation is one jitted loop whatever layout trained the policy: run it collocated.
-    cfg.cluster.component_placement = "collocated"
-    cfg.flow = FlowConfig()
-    cfg.sft.warm_start_steps = 0  # the checkpoint holds the weights; no behaviour cloning to redo
-    if strip is not None and Path(strip).exists():
-        raise BadInput(f"--strip {strip} exists; choose a new file name")
-    trainer = build_trainer(cfg)
-    state, _ = restore_checkpoint(point, trainer.init(), keep=cfg.runner.keep_checkpoints)
-    metrics = trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed))
-    extra = {}
-    if strip is not None:
-        extra["strip"] = str(_save_strip(trainer, state, cfg, seed, strip, strip_episodes))
-    return {
-        "checkpoint": str(point.path),
-        "step": int(state.step),
-        "env": f"{cfg.env.suite}/{cfg.env.name}",
-        "episodes": cfg.env.num_eval_envs,
-        "seed": seed,
-        **{k: float(v) for k, v in metrics.items()},
-        **extra,
-    }
-
-
-def _save_strip(trainer, state, cfg, seed: int, path, episodes: int):
-    """The first ``episodes`` eval episodes, one frame per policy step, as one PNG."""
-    import jax
-    import numpy as np
-
-    from rlinf_jax.errors import BadInput
-    from rlinf_jax.runtime.media import image_strip, write_png
-
-    obs = jax.eval_shape(trainer.eval_env.reset, jax.random.PRNGKey(0)).obs
-    if not isinstance(obs, dict) or "image" not in obs:
-        raise BadInput(f"--strip needs an env with image observations; {cfg.env.suite}/{cfg.env.name} has none")
-    substeps = max(1, trainer.substeps)
-    steps = -(-cfg.env.episode_length // substeps)
-    frames = trainer.episode_frames(state.params, state.obs_stats, jax.random.PRNGKey(seed), steps)
-    return write_png(path, image_strip(np.asarray(frames)[:, :episodes]))
-
-
 def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    # Deferred until the arguments are parsed, so that `--help` answers before JAX loads.
     from rlinf_jax.errors import BadInput
+    from rlinf_jax.tasks.embodied.evaluate import evaluate
+    from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
 
     try:
         if args.checkpoint is not None:
             if args.path is not None:
                 raise BadInput("give either a run path (embodied) or --checkpoint (language models), not both")
-            from rlinf_jax.flow.reasoning_evaluate import evaluate_lm
-
             result = evaluate_lm(
                 args.checkpoint, args.data, args.overrides, seed=args.seed, ks=args.k, n=args.n,
                 temperature=args.temperature, out=args.out, progress=not args.no_progress,

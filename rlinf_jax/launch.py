@@ -303,15 +303,10 @@ def _check_cluster_settings(args, cfg) -> None:
         # does not fit fails before Ray starts anything.
         from rlinf_jax.sharding import resolve_num_devices, resolve_placement
 
-        num_devices = resolve_num_devices(cfg.cluster.num_devices, args.num_hosts * args.devices_per_host)
-        if cfg.runner.task == "embodied":
-            from rlinf_jax.flow.embodied_runner import EMBODIED_COMPONENTS as components
-        elif cfg.runner.task == "sft":
-            from rlinf_jax.flow.sft import SFT_COMPONENTS as components
-        else:  # reasoning
-            from rlinf_jax.flow.reasoning import components as of_run
+        from rlinf_jax.tasks.registry import task_of
 
-            components = of_run(cfg)
+        num_devices = resolve_num_devices(cfg.cluster.num_devices, args.num_hosts * args.devices_per_host)
+        components = task_of(cfg).components(cfg)
         resolve_placement(cfg.cluster.component_placement, components, num_devices, cfg.cluster.mesh)
 
 
@@ -580,9 +575,10 @@ def main(argv=None) -> int:
     args = _parse_args(argv)
     launcher = None
     try:
-        from rlinf_jax.config import load_config
+        from rlinf_jax.tasks.registry import load_run_config
 
-        cfg = load_config(args.config_name, args.overrides)
+        # Warnings are left to the workers' own train processes, which print them once each.
+        cfg = load_run_config(args.config_name, args.overrides)
         _check_cluster_settings(args, cfg)
         launcher = Launcher(args, cfg)
         launcher.connect()

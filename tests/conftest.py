@@ -1,10 +1,18 @@
-"""Shared test settings: tiny training configs and a subprocess runner for the CLI."""
+"""Shared test settings: tiny training configs, a subprocess runner for the CLI, and the
+harness that runs a test on several fake CPU devices.
+
+``@pytest.mark.devices(n)`` runs the marked test in a child pytest whose JAX sees ``n``
+host CPU devices (the count is fixed when JAX starts, so it cannot change inside this
+process). The test itself is ordinary code; in this process it passes when the child's
+run of it passes, and fails with the child's output when it does not.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +28,10 @@ TINY = [
     "actor.model.value_hidden_sizes=[32,32]",
     "runner.progress_bar=false",
 ]
+
+# Set in a child started by the `devices` marker: the device count it was started with.
+CHILD_DEVICES = "RLINF_TEST_DEVICES"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -38,3 +50,39 @@ def run_cli(args, env_extra=None, **kwargs):
         timeout=600,
         **kwargs,
     )
+
+
+def clean_env(**extra) -> dict:
+    """This process's environment without the settings that pick devices or a Ray cluster."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS", CHILD_DEVICES)}
+    return {**env, **extra}
+
+
+def forced_devices_env(n: int, **extra) -> dict:
+    """The environment of a process whose JAX sees ``n`` CPU devices."""
+    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu", **extra)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "devices(n): run the test in a child pytest that sees n fake CPU devices")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    marker = pyfuncitem.get_closest_marker("devices")
+    if marker is None:
+        return None
+    n = int(marker.args[0])
+    if os.environ.get(CHILD_DEVICES) == str(n):
+        return None  # this is the child: run the test here
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+        cwd=ROOT,
+        env=forced_devices_env(n, **{CHILD_DEVICES: str(n)}),
+        capture_output=True,
+        text=True,
+        timeout=marker.kwargs.get("timeout", 1500),
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"failed with {n} devices:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}", pytrace=False)
+    return True

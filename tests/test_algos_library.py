@@ -22,7 +22,6 @@ from rlinf_jax.algos import (
     grpo,
     informative_groups,
     kl_penalty,
-    overlong_penalty,
     ppo_policy_loss,
     registry,
     reinforce_pp,
@@ -438,12 +437,6 @@ def test_entropy_from_logits_matches_naive():
 # ------------------------------------------------------------------ DAPO
 
 
-def test_overlong_penalty_hand_example():
-    # max_len 10, cache 4: 0 up to 6, then (6 - L)/4, -1 beyond 10.
-    out = np.asarray(overlong_penalty(np.array([0, 6, 7, 8, 10, 11, 50]), 10, 4))
-    np.testing.assert_allclose(out, [0, 0, -0.25, -0.5, -1, -1, -1])
-
-
 def test_informative_groups():
     r = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5])
     np.testing.assert_array_equal(np.asarray(informative_groups(r, 3)), [False, True, False])
@@ -500,7 +493,6 @@ def test_everything_jits():
         (functools.partial(decoupled_ppo_loss, behav_weight_cap=5.0), (x, y, w, z, mask), {}),
         (functools.partial(value_loss, clip=0.2, huber_delta=1.0), (x, y, z, mask), {}),
         (functools.partial(entropy_from_logits), (rng.normal(size=(B, L, 7)), mask), {}),
-        (functools.partial(overlong_penalty, max_len=10, cache_len=4), (np.arange(12),), {}),
         (functools.partial(informative_groups, group_size=4), (r,), {}),
     ]
     cases += [(functools.partial(aggregate, mode=m), (x, mask), {}) for m in AGG_MODES]

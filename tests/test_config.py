@@ -10,13 +10,14 @@ import pytest
 
 from rlinf_jax.config import Config, config_to_yaml, list_recipes, load_config, load_config_file
 from rlinf_jax.errors import BadInput
+from rlinf_jax.tasks.registry import load_run_config
 
 RECIPES = Path(__file__).resolve().parent.parent / "rlinf_jax" / "configs"
 
 
 def bad(overrides=(), name="ppo_brax", config_dir=None) -> str:
     with pytest.raises(BadInput) as info:
-        load_config(name, list(overrides), config_dir=config_dir)
+        load_run_config(name, list(overrides), config_dir=config_dir)
     msg = str(info.value)
     assert "\n" not in msg, msg
     return msg
@@ -96,25 +97,30 @@ def _schema_keys(obj, prefix=""):
 
 
 def test_every_schema_key_is_spelled_out_by_a_recipe():
-    # Recipes double as the reference of what can be set: each key appears in at least one.
-    listed = set().union(*(_recipe_keys(n) for n in list_recipes()))
+    # Recipes (and the fragments they build on) double as the reference of what can be set:
+    # each key appears in at least one.
+    names = [p.stem for p in RECIPES.glob("*.yaml")]
+    assert any(n.startswith("_") for n in names) and not any(n.startswith("_") for n in list_recipes())
+    listed = set().union(*(_recipe_keys(n) for n in names))
     missing = [k for k in _schema_keys(Config()) if k not in listed]
     assert not missing, missing
 
 
 @pytest.mark.parametrize("recipe, sections", [
-    # The default recipe of each workload spells out the sections that workload reads.
-    ("ppo_brax", ["runner", "env", "cluster", "flow"]),
-    ("grpo_math", ["data", "reward", "rollout", "sft"]),
+    # The default recipe of each workload spells out every key of these sections its task reads.
+    ("ppo_brax", ["runner", "env", "algorithm", "cluster", "flow"]),
+    ("grpo_math", ["data", "reward", "rollout", "sft", "algorithm"]),
 ])
-def test_default_recipe_of_each_workload_covers_its_sections(recipe, sections):
+def test_default_recipe_of_each_workload_covers_what_its_task_reads(recipe, sections):
+    from rlinf_jax.tasks.registry import task_of
+
     keys = _recipe_keys(recipe)
-    cfg = Config()
+    cfg = load_config(recipe)
+    reads = task_of(cfg).reads(cfg)
     for section in sections:
-        for key in _schema_keys(getattr(cfg, section), section + "."):
-            if recipe == "ppo_brax" and key == "runner.task":
-                continue  # embodied is the default task
-            assert key in keys, (recipe, key)
+        for key in _schema_keys(getattr(Config(), section), section + "."):
+            if key in reads and key != "runner.task":  # embodied is the default task
+                assert key in keys, (recipe, key)
 
 
 def test_override_types():
@@ -304,3 +310,59 @@ def test_file_path_recipe_with_sibling_base_and_interpolation(tmp_path):
     write(tmp_path, "broken", "runner: {seed: '${nope}'}\n")
     msg = bad(name="broken", config_dir=tmp_path)
     assert "runner.seed" in msg and "nope" in msg
+
+
+# ------------------------------------------------------------------ keys a task reads
+@pytest.mark.parametrize("name", list_recipes())
+def test_every_packaged_recipe_sets_only_keys_its_task_reads(name):
+    from rlinf_jax.tasks.registry import load_run_config
+
+    warnings = []
+    load_run_config(name, warn=warnings.append)
+    assert warnings == []
+
+
+@pytest.mark.parametrize("recipe, override, fragment", [
+    ("ppo_brax", "algorithm.clip_high=0.28", "clips both sides with algorithm.clip_eps"),
+    ("ppo_brax", "data.rollout_batch_size=8", "is not read by an embodied run"),
+    ("ppo_brax", "env.layout=task", "is not read by an embodied run"),  # a tabletop key on brax
+    ("ppo_brax", "actor.model.vla_n_bins=64", "is not read by an embodied run"),
+    ("grpo_math", "env.num_envs=4", "prompts per iteration are data.rollout_batch_size"),
+    ("grpo_math", "algorithm.clip_eps=0.2", "clips with algorithm.clip_low and algorithm.clip_high"),
+    ("grpo_math", "flow.num_micro_batches=2", "is not read by a reasoning run"),
+    ("sft_math", "sft.lr=1e-4", "an sft run learns at actor.optim.lr"),
+    ("sft_vla_tabletop", "actor.optim.lr=1e-4", "clones at sft.lr"),
+    ("ppo_pi0_tabletop", "actor.model.vla_n_bins=16", "of actor.model.kind=pi0"),
+])
+def test_a_key_the_task_would_ignore_is_one_error_line(recipe, override, fragment, capsys):
+    from rlinf_jax.train import main
+
+    assert main(["--config-name", recipe, override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and fragment in err, err
+    assert f"in override '{override}'" in err
+
+
+def test_a_key_only_a_base_recipe_set_is_named_in_one_warning(tmp_path):
+    from rlinf_jax.tasks.registry import load_run_config
+
+    # An SFT recipe built on the PPO recipe: the PPO keys it inherits change nothing.
+    (tmp_path / "clone.yaml").write_text("base: ppo_vla_tabletop\nrunner:\n  task: sft\n")
+    warnings = []
+    cfg = load_run_config(str(tmp_path / "clone.yaml"), warn=warnings.append)
+    assert cfg.runner.task == "sft"
+    (line,) = warnings
+    assert line.startswith("an sft run of actor.model.kind=vla does not read ") and "\n" not in line
+    assert "algorithm.clip_eps" in line and "sft.critic_warmup_steps" in line and "ppo_vla_tabletop.yaml" in line
+    # Keys the base leaves at their defaults are not named.
+    assert "algorithm.normalize_advantages" not in line
+
+
+def test_a_backbone_other_than_the_models_own_is_refused():
+    from rlinf_jax.errors import BadInput
+    from rlinf_jax.tasks.registry import load_run_config
+
+    with pytest.raises(BadInput, match="built on a llama backbone"):
+        load_run_config("ppo_vla_tabletop", ["actor.model.lm_model_type=qwen2"])
+    with pytest.raises(BadInput, match="clones a VLA"):
+        load_run_config("sft_math", ["actor.model.kind=pi0"])

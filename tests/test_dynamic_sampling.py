@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlinf_jax.flow.dynamic_sampling import collect_informative_groups
+from rlinf_jax.rollout.dynamic_sampling import collect_informative_groups
 
 
 def scripted_sampler(rounds_rewards, group_size):

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import time
+from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rlinf_jax.config import load_config
 from rlinf_jax.flow.channel import Channel, ChannelEmpty, ChannelFull, TooStale
-from rlinf_jax.flow.embodied_runner import run
+from rlinf_jax.tasks.embodied import ppo
+from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement
+from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.run import run
+from rlinf_jax.tasks.embodied.setup import make_setup
+from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY
 
@@ -45,34 +51,23 @@ def test_channel_refuses_items_staler_than_allowed():
 
 
 # ---------------------------------------------------- placement equality
-_MODES_SCRIPT = """
-import json, sys, jax
-import jax.numpy as jnp
-from rlinf_jax.config import load_config
-from rlinf_jax.flow.embodied_runner import build_trainer
-layouts = {
+LAYOUTS = {
     "fused": [],
     "collocated": ["flow.runner=staged", "flow.num_micro_batches=2"],
     "disaggregated": ["cluster.component_placement=disaggregated"],
     "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"],
     "explicit": ["cluster.component_placement={env: 0-1, rollout: 2-5, actor: 1-6}", "cluster.mesh.actor={data: 3, fsdp: 2}"],
 }
-out = {}
-for name, extra in layouts.items():
-    trainer = build_trainer(load_config("ppo_brax", sys.argv[1:] + extra))
+
+
+def _three_iterations(overrides):
+    trainer = build_trainer(load_config("ppo_brax", overrides))
     state = trainer.init()
-    state, sums = trainer.run_iterations(state, 3) if name != "fused" else trainer.run_chunk(state, jnp.int32(3))
-    snap = jax.device_get(trainer.snapshot(state))
-    out[name] = {
-        "type": type(trainer).__name__,
-        "mode": trainer.placement.mode,
-        "metrics": trainer.summarize(sums, 3),
-        "params": [x.ravel().tolist() for x in jax.tree.leaves(snap.params)],
-        "obs": snap.env_state.obs.ravel().tolist(),
-        "key": snap.key.tolist(),
-    }
-print(json.dumps(out))
-"""
+    if isinstance(trainer, PPOTrainer):
+        state, sums = trainer.run_chunk(state, jnp.int32(3))
+    else:
+        state, sums = trainer.run_iterations(state, 3)
+    return trainer, trainer.summarize(sums, 3), jax.device_get(trainer.snapshot(state))
 
 
 # ------------------------------------------------------------ final values
@@ -85,12 +80,6 @@ print(json.dumps(out))
     ],
 )
 def test_final_values_bootstrap_exactly_the_truncated_rows(truncated_at):
-    from types import SimpleNamespace
-
-    import jax.numpy as jnp
-
-    from rlinf_jax.flow.embodied_ppo import PPOTrainer
-
     T, B = 4, 3
     rng = np.random.default_rng(0)
     final_obs = rng.normal(size=(T, B, 5)).astype(np.float32)
@@ -101,10 +90,11 @@ def test_final_values_bootstrap_exactly_the_truncated_rows(truncated_at):
         reward=jnp.zeros((T, B)), truncated=jnp.asarray(truncated), final_obs=jnp.asarray(final_obs)
     )
     # Episodes of 4 sub-steps in chunks of 2: at most ceil(4 / 2) = 2 truncations per env.
-    trainer = SimpleNamespace(cfg=SimpleNamespace(env=SimpleNamespace(episode_length=4)), substeps=2)
+    k = ppo.max_truncations(T, B, episode_length=4, substeps=2)
+    assert k == 6
     weights = rng.normal(size=5).astype(np.float32)
     critic = lambda o: jnp.tanh(o @ weights)  # noqa: E731
-    got = np.asarray(PPOTrainer._final_values(trainer, critic, traj)).reshape(T, B)
+    got = np.asarray(ppo.final_values(critic, traj, k)).reshape(T, B)
     want = np.array(
         [[np.tanh(final_obs[t, b] @ weights) if truncated[t, b] else 0.0 for b in range(B)] for t in range(T)]
     )
@@ -112,36 +102,30 @@ def test_final_values_bootstrap_exactly_the_truncated_rows(truncated_at):
 
 
 @pytest.mark.slow
+@pytest.mark.devices(8)
 def test_collocated_disaggregated_and_hybrid_give_the_same_numbers():
     # 8 fake CPU devices; 48 envs split over 2 micro-batches and meshes of 2..8 devices.
-    args = [*TINY, "env.num_envs=48", "env.num_eval_envs=48"]
-    proc = subprocess.run(
-        [sys.executable, "-c", _MODES_SCRIPT, *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["fused"]["type"] == "PPOTrainer"
-    assert {k: v["mode"] for k, v in out.items() if k != "fused"} == {
+    base = [*TINY, "env.num_envs=48", "env.num_eval_envs=48"]
+    out = {name: _three_iterations(base + extra) for name, extra in LAYOUTS.items()}
+    assert isinstance(out["fused"][0], PPOTrainer)
+    assert {k: t.placement.mode for k, (t, _, _) in out.items() if k != "fused"} == {
         "collocated": "collocated",
         "disaggregated": "disaggregated",
         "hybrid": "hybrid",
         "explicit": "hybrid",
     }
-    ref = out["fused"]
-    for name, got in out.items():
-        assert got["key"] == ref["key"], name
+    _, ref_metrics, ref = out["fused"]
+    for name, (_, metrics, snap) in out.items():
+        np.testing.assert_array_equal(snap.key, ref.key, err_msg=name)
         # Differently sized actor meshes sum gradients in a different order; that drift
         # (~1e-5) reaches the actions of later iterations, nothing else differs. A wrong
         # key scheme or a reordered batch would show as O(1) differences here.
-        np.testing.assert_allclose(got["obs"], ref["obs"], rtol=1e-3, atol=1e-3, err_msg=name)
-        for a, b in zip(got["params"], ref["params"]):
+        np.testing.assert_allclose(snap.env_state.obs, ref.env_state.obs, rtol=1e-3, atol=1e-3, err_msg=name)
+        for a, b in zip(jax.tree.leaves(snap.params), jax.tree.leaves(ref.params)):
             np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4, err_msg=name)
-        for key, value in ref["metrics"].items():
-            np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
+        assert metrics.keys() == ref_metrics.keys(), name
+        for key, value in ref_metrics.items():
+            np.testing.assert_allclose(metrics[key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
 
 
 # -------------------------------------------------------- runs and resume
@@ -179,56 +163,41 @@ def test_staged_run_resumes_exactly_and_accounts_staleness(tmp_path):
 
 def test_fused_runner_refuses_a_pipelined_layout(tmp_path):
     from rlinf_jax.errors import BadInput
-    from rlinf_jax.flow.embodied_runner import build_trainer
 
     with pytest.raises(BadInput, match="flow.runner=fused needs a collocated placement"):
         build_trainer(_cfg(tmp_path, "x", "flow.runner=fused", "flow.max_staleness=1"))
 
 
 # ------------------------------------------------------------- auto-placement
-_AUTO_SCRIPT = """
-import json, sys, time, jax
-from rlinf_jax.config import load_config
-from rlinf_jax.flow.auto_placement import Candidate, auto_placement
-cfg = load_config("ppo_brax", sys.argv[1:])
-# Built so one layout is clearly faster: a tiny policy and env, where the hybrid layout's
-# per-step hand-offs between the env and rollout devices cost far more than the compute.
-cands = [
-    Candidate("hybrid", {"env": "0", "rollout": "1", "actor": "0-1"}, 2),
-    Candidate("collocated", {"env,rollout,actor": "0-1"}),
-]
-plan = auto_placement(cfg, 2, cands)
-measured = {}
-for prof, trainer in zip(plan.profiles, plan.trainers):
+def _env_steps_per_sec(trainer, iterations: int = 4) -> float:
     state = trainer.init()
     trainer.compile(state, jax.random.PRNGKey(0))
     state, sums = trainer.run_iterations(state, 1)
     trainer.summarize(sums, 1)
     t0 = time.perf_counter()
-    state, sums = trainer.run_iterations(state, 4)
-    trainer.summarize(sums, 4)
-    measured[prof.candidate.name] = 4 * trainer.env_steps_per_iteration / (time.perf_counter() - t0)
-print(json.dumps({"plan": plan.to_json(), "mode": plan.placement.mode, "measured": measured}))
-"""
+    state, sums = trainer.run_iterations(state, iterations)
+    trainer.summarize(sums, iterations)
+    return iterations * trainer.env_steps_per_iteration / (time.perf_counter() - t0)
 
 
 @pytest.mark.slow
+@pytest.mark.devices(2)
 def test_auto_placement_picks_the_faster_layout():
-    proc = subprocess.run(
-        [sys.executable, "-c", _AUTO_SCRIPT, *TINY, "algorithm.rollout_length=32"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    plan, measured = out["plan"], out["measured"]
-    assert plan["chosen"] == "collocated" and out["mode"] == "collocated"
+    cfg = load_config("ppo_brax", [*TINY, "algorithm.rollout_length=32"])
+    # Built so one layout is clearly faster: a tiny policy and env, where the hybrid layout's
+    # per-step hand-offs between the env and rollout devices cost far more than the compute.
+    cands = [
+        Candidate("hybrid", {"env": "0", "rollout": "1", "actor": "0-1"}, 2),
+        Candidate("collocated", {"env,rollout,actor": "0-1"}),
+    ]
+    plan = auto_placement(cfg, make_setup(cfg), 2, cands)
+    measured = {prof.candidate.name: _env_steps_per_sec(t) for prof, t in zip(plan.profiles, plan.trainers)}
+    summary = plan.to_json()
+    assert summary["chosen"] == "collocated" and plan.placement.mode == "collocated"
     assert max(measured, key=measured.get) == "collocated", measured
-    predicted = {c["name"]: c["predicted_env_steps_per_sec"] for c in plan["candidates"]}
+    predicted = {c["name"]: c["predicted_env_steps_per_sec"] for c in summary["candidates"]}
     assert predicted["collocated"] > predicted["hybrid"]
-    assert plan["predicted_env_steps_per_sec"] == predicted["collocated"]
+    assert summary["predicted_env_steps_per_sec"] == predicted["collocated"]
 
 
 def test_auto_placement_run_records_plan_prediction_and_measurement(tmp_path):
@@ -244,10 +213,6 @@ def test_auto_placement_run_records_plan_prediction_and_measurement(tmp_path):
 
 
 def test_offloaded_optimizer_state_waits_in_host_memory_and_changes_nothing(tmp_path):
-    import jax
-
-    from rlinf_jax.flow.embodied_runner import build_trainer
-
     results = []
     for offload in ("false", "true"):
         trainer = build_trainer(_cfg(tmp_path, "o", "flow.runner=staged", f"flow.offload_optimizer={offload}"))

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from rlinf_jax.runtime import read_metrics
-from tests.conftest import TINY
+from tests.conftest import TINY, clean_env, forced_devices_env
 
 # 8 iterations of 16 envs x 16 steps, a checkpoint every 2: enough to kill a process after
 # the first checkpoint and before the end.
@@ -40,11 +40,6 @@ RUN = [
     "runner.eval_interval=4",
 ]
 DISAGGREGATED = ["cluster.component_placement=disaggregated"]
-
-
-def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS")}
-    return {**env, **extra}
 
 
 def _launch_argv(address, *args, hosts=2, devices=4):
@@ -62,7 +57,7 @@ def _launch(address, *args, hosts=2, devices=4, timeout=600, env=None):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env or _clean_env(),
+        env=env or clean_env(),
     )
 
 
@@ -73,7 +68,7 @@ def _one_host(out_dir, name, *args) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
-        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"),
+        env=forced_devices_env(8),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return Path(out_dir) / name
@@ -182,7 +177,7 @@ def test_disaggregated_run_killed_mid_run_restarts_and_matches_one_host(ray_addr
             stdout=fo,
             stderr=fe,
             text=True,
-            env=_clean_env(),
+            env=clean_env(),
         )
         ckpts = tmp_path / "two_hosts" / "checkpoints"
         deadline = time.time() + 400
@@ -254,7 +249,7 @@ def test_placement_beyond_the_devices_the_processes_find(ray_address, tmp_path):
         "cluster.component_placement={env: 0-3, rollout: 4-7, actor: 0-11}",
         f"runner.output_dir={tmp_path}",
         devices=None,
-        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"),
+        env=forced_devices_env(4),
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = _error_lines(proc.stderr)

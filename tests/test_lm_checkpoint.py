@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from rlinf_jax import convert as convert_cli
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies import from_pretrained, load_converted
+from rlinf_jax.policies.lm import from_pretrained, load_converted
 from rlinf_jax.policies.lm import LMConfig
 from rlinf_jax.policies.lm.tiny import save_tiny
 

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rlinf_jax.policies import from_pretrained, save_pretrained
+from rlinf_jax.policies.lm import from_pretrained, save_pretrained
 from rlinf_jax.policies.lm.tiny import save_tiny
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies import load_tokenizer
+from rlinf_jax.data import load_tokenizer
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -1,28 +1,30 @@
 """Partition rules: logical axis names -> per-component shardings.
 
-Spec logic is checked in-process on abstract meshes (no devices needed); placement of a
-real model on 8 fake CPU devices runs in a subprocess, since the device count is fixed
-when jax starts.
+Spec logic is checked on abstract meshes (no devices needed); placement of a real model
+runs on 8 fake CPU devices (the `devices` marker).
 """
 
-import os
-import subprocess
-import sys
-
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.sharding.partition import (
     DEFAULT_RULES,
     default_spec,
+    init_sharded,
+    logical_axes,
     logical_to_spec,
     param_shardings,
     rules_from_config,
+    shard_params,
 )
+from rlinf_jax.sharding.placement import component_mesh, resolve_placement
 
 FT = AbstractMesh((2, 2), ("fsdp", "tensor"))
 T4 = AbstractMesh((4,), ("tensor",))
@@ -143,15 +145,7 @@ def test_rules_from_config():
         rules_from_config(["embed"])
 
 
-_SCRIPT = r"""
-import jax, jax.numpy as jnp, numpy as np
-from flax import nnx
-from jax.sharding import PartitionSpec as P
-from rlinf_jax.sharding.mesh import replicated
-from rlinf_jax.sharding.placement import component_mesh, resolve_placement
-from rlinf_jax.sharding.partition import init_sharded, logical_axes, param_shardings, shard_params
-
-assert len(jax.devices()) == 8
+# ------------------------------------------------ a real model on component meshes
 init = nnx.initializers.normal(0.5)
 
 
@@ -178,34 +172,6 @@ class Block(nnx.Module):
         return x + self.down(jax.nn.gelu(h)), self.head(h)
 
 
-pl = resolve_placement({"actor": "0-3", "rollout": "4-7", "env": "all"}, ("actor", "rollout", "env"), 8,
-                       {"actor": {"fsdp": 2, "tensor": 2}, "rollout": {"tensor": 4}})
-actor, rollout, data = (component_mesh(pl, n) for n in ("actor", "rollout", "env"))
-assert dict(data.shape) == {"data": 8}
-
-model = Block(nnx.Rngs(0))
-state = nnx.state(model)
-ft = ("fsdp", "tensor")
-expected = {
-    "actor": {
-        "embed.embedding": P("tensor", "fsdp"), "q.kernel": P("fsdp", "tensor"), "k.kernel": P("fsdp", "tensor"),
-        "o.kernel": P("tensor", None, "fsdp"), "up.kernel": P("fsdp", "tensor"), "up.bias": P("tensor"),
-        "down.kernel": P("tensor", "fsdp"), "down.bias": P(), "norm.scale": P(),
-        "head.kernel": P(None, ft), "head.bias": P(),
-    },
-    "rollout": {
-        # kv_heads=2 does not split over tensor=4: the K projection is replicated.
-        "embed.embedding": P("tensor"), "q.kernel": P(None, "tensor"), "k.kernel": P(),
-        "o.kernel": P("tensor"), "up.kernel": P(None, "tensor"), "up.bias": P("tensor"),
-        "down.kernel": P("tensor"), "down.bias": P(), "norm.scale": P(),
-        "head.kernel": P(None, "tensor"), "head.bias": P(),
-    },
-    "env": {k: P() for k in ("embed.embedding", "q.kernel", "k.kernel", "o.kernel", "up.kernel", "up.bias",
-                             "down.kernel", "down.bias", "norm.scale", "head.kernel", "head.bias")},
-}
-meshes = {"actor": actor, "rollout": rollout, "env": data}
-
-
 def flat(tree):
     out = {}
     for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -214,68 +180,85 @@ def flat(tree):
     return out
 
 
-for name, mesh in meshes.items():
-    got = flat(param_shardings(state, mesh))
-    assert set(got) == set(expected[name]), (name, sorted(got))
-    for key, spec in expected[name].items():
-        assert got[key].spec == spec, (name, key, got[key].spec, spec)
-        assert got[key].mesh == mesh
-    # The abstract model lays out exactly like the concrete one, and a module is accepted too.
-    abstract = nnx.state(nnx.eval_shape(lambda: Block(nnx.Rngs(0))))
-    assert flat(param_shardings(abstract, mesh)) == got
-    assert flat(param_shardings(model, mesh)) == got
-# Replicated on the data mesh means the same sharding the trainer's `replicate` uses.
-assert all(s == replicated(data) for s in flat(param_shardings(state, data)).values())
-# Actor (FSDP x tensor) and rollout (tensor only) really differ.
-a, r = flat(param_shardings(state, actor)), flat(param_shardings(state, rollout))
-assert a["q.kernel"].spec != r["q.kernel"].spec and a["k.kernel"].spec != r["k.kernel"].spec
-
-# Placing: exact values, each shard the hand-computed slice shape on the component's devices.
-shard_shapes = {
-    "actor": {"q.kernel": (8, 2, 8), "k.kernel": (8, 1, 8), "o.kernel": (2, 8, 8), "embed.embedding": (16, 8),
-              "head.kernel": (64, 64), "head.bias": (256,), "up.bias": (32,)},
-    "rollout": {"q.kernel": (16, 1, 8), "k.kernel": (16, 2, 8), "o.kernel": (1, 8, 16), "embed.embedding": (8, 16),
-                "head.kernel": (64, 64), "head.bias": (256,), "up.bias": (16,)},
-    "env": {"q.kernel": (16, 4, 8), "head.kernel": (64, 256)},
-}
-ref = flat(state)
-tokens = jnp.arange(12).reshape(2, 6) % 32
-want = jax.jit(lambda m, t: m(t))(model, tokens)
-for name, mesh in meshes.items():
-    placed = shard_params(state, mesh)
-    got = flat(placed)
-    for key, x in got.items():
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(ref[key]))
-        assert x.sharding.device_set == set(mesh.devices.flat), (name, key)
-    for key, shp in shard_shapes[name].items():
-        shards = got[key].addressable_shards
-        assert len(shards) == mesh.size and all(s.data.shape == shp for s in shards), (name, key, [s.data.shape for s in shards])
-    # Each shard holds the matching slice of the original.
-    for s in got["q.kernel"].addressable_shards:
-        np.testing.assert_array_equal(np.asarray(s.data), np.asarray(ref["q.kernel"])[s.index])
-    # The sharded module computes what the unsharded one does.
-    sharded_model = shard_params(model, mesh)
-    out = jax.jit(lambda m, t: m(t))(sharded_model, tokens)
-    for o, w in zip(out, want):
-        np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-5, atol=1e-5)
-
-# Initialised directly sharded: same values as a plain init, already on the actor's layout.
-direct = init_sharded(lambda: Block(nnx.Rngs(0)), actor)
-got = flat(nnx.state(direct))
-for key, spec in expected["actor"].items():
-    assert got[key].sharding.spec == spec, (key, got[key].sharding.spec)
-    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(ref[key]))
-print("ok")
-"""
-
-
+@pytest.mark.devices(8)
 def test_model_on_component_meshes():
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=300,
-        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    assert len(jax.devices()) == 8
+    pl = resolve_placement({"actor": "0-3", "rollout": "4-7", "env": "all"}, ("actor", "rollout", "env"), 8,
+                           {"actor": {"fsdp": 2, "tensor": 2}, "rollout": {"tensor": 4}})
+    actor, rollout, data = (component_mesh(pl, n) for n in ("actor", "rollout", "env"))
+    assert dict(data.shape) == {"data": 8}
+
+    model = Block(nnx.Rngs(0))
+    state = nnx.state(model)
+    ft = ("fsdp", "tensor")
+    expected = {
+        "actor": {
+            "embed.embedding": P("tensor", "fsdp"), "q.kernel": P("fsdp", "tensor"), "k.kernel": P("fsdp", "tensor"),
+            "o.kernel": P("tensor", None, "fsdp"), "up.kernel": P("fsdp", "tensor"), "up.bias": P("tensor"),
+            "down.kernel": P("tensor", "fsdp"), "down.bias": P(), "norm.scale": P(),
+            "head.kernel": P(None, ft), "head.bias": P(),
+        },
+        "rollout": {
+            # kv_heads=2 does not split over tensor=4: the K projection is replicated.
+            "embed.embedding": P("tensor"), "q.kernel": P(None, "tensor"), "k.kernel": P(),
+            "o.kernel": P("tensor"), "up.kernel": P(None, "tensor"), "up.bias": P("tensor"),
+            "down.kernel": P("tensor"), "down.bias": P(), "norm.scale": P(),
+            "head.kernel": P(None, "tensor"), "head.bias": P(),
+        },
+        "env": {k: P() for k in ("embed.embedding", "q.kernel", "k.kernel", "o.kernel", "up.kernel", "up.bias",
+                                 "down.kernel", "down.bias", "norm.scale", "head.kernel", "head.bias")},
+    }
+    meshes = {"actor": actor, "rollout": rollout, "env": data}
+
+
+    for name, mesh in meshes.items():
+        got = flat(param_shardings(state, mesh))
+        assert set(got) == set(expected[name]), (name, sorted(got))
+        for key, spec in expected[name].items():
+            assert got[key].spec == spec, (name, key, got[key].spec, spec)
+            assert got[key].mesh == mesh
+        # The abstract model lays out exactly like the concrete one, and a module is accepted too.
+        abstract = nnx.state(nnx.eval_shape(lambda: Block(nnx.Rngs(0))))
+        assert flat(param_shardings(abstract, mesh)) == got
+        assert flat(param_shardings(model, mesh)) == got
+    # Replicated on the data mesh means the same sharding the trainer's `replicate` uses.
+    assert all(s == replicated(data) for s in flat(param_shardings(state, data)).values())
+    # Actor (FSDP x tensor) and rollout (tensor only) really differ.
+    a, r = flat(param_shardings(state, actor)), flat(param_shardings(state, rollout))
+    assert a["q.kernel"].spec != r["q.kernel"].spec and a["k.kernel"].spec != r["k.kernel"].spec
+
+    # Placing: exact values, each shard the hand-computed slice shape on the component's devices.
+    shard_shapes = {
+        "actor": {"q.kernel": (8, 2, 8), "k.kernel": (8, 1, 8), "o.kernel": (2, 8, 8), "embed.embedding": (16, 8),
+                  "head.kernel": (64, 64), "head.bias": (256,), "up.bias": (32,)},
+        "rollout": {"q.kernel": (16, 1, 8), "k.kernel": (16, 2, 8), "o.kernel": (1, 8, 16), "embed.embedding": (8, 16),
+                    "head.kernel": (64, 64), "head.bias": (256,), "up.bias": (16,)},
+        "env": {"q.kernel": (16, 4, 8), "head.kernel": (64, 256)},
+    }
+    ref = flat(state)
+    tokens = jnp.arange(12).reshape(2, 6) % 32
+    want = jax.jit(lambda m, t: m(t))(model, tokens)
+    for name, mesh in meshes.items():
+        placed = shard_params(state, mesh)
+        got = flat(placed)
+        for key, x in got.items():
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(ref[key]))
+            assert x.sharding.device_set == set(mesh.devices.flat), (name, key)
+        for key, shp in shard_shapes[name].items():
+            shards = got[key].addressable_shards
+            assert len(shards) == mesh.size and all(s.data.shape == shp for s in shards), (name, key, [s.data.shape for s in shards])
+        # Each shard holds the matching slice of the original.
+        for s in got["q.kernel"].addressable_shards:
+            np.testing.assert_array_equal(np.asarray(s.data), np.asarray(ref["q.kernel"])[s.index])
+        # The sharded module computes what the unsharded one does.
+        sharded_model = shard_params(model, mesh)
+        out = jax.jit(lambda m, t: m(t))(sharded_model, tokens)
+        for o, w in zip(out, want):
+            np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+    # Initialised directly sharded: same values as a plain init, already on the actor's layout.
+    direct = init_sharded(lambda: Block(nnx.Rngs(0)), actor)
+    got = flat(nnx.state(direct))
+    for key, spec in expected["actor"].items():
+        assert got[key].sharding.spec == spec, (key, got[key].sharding.spec)
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(ref[key]))

@@ -22,9 +22,11 @@ from rlinf_jax.errors import BadInput
 from tests.test_vla_flow import TINY_VLA
 from tests.test_vla_flow import _obs as vla_obs
 
-# The tiny VLA's sizes plus a one-layer expert and 3 denoising steps.
+# The tiny VLA's sizes (less the keys only a VLA reads) plus a one-layer expert and 3
+# denoising steps.
+VLA_ONLY = ("actor.model.vla_n_bins", "sft.dagger_rounds", "sft.critic_warmup_steps")
 TINY_PI0 = [
-    *TINY_VLA,
+    *(o for o in TINY_VLA if not o.startswith(VLA_ONLY)),
     "actor.model.pi0_expert_hidden_size=16",
     "actor.model.pi0_expert_intermediate_size=32",
     "actor.model.pi0_num_steps=3",
@@ -153,7 +155,7 @@ def test_flow_matching_warm_start_beats_the_mean_action():
     """The warm start's flow-matching loss falls, and the greedy ODE chunk it leads to is
     closer to an "expert" (a fixed function of the proprioception) than the dataset's mean
     chunk, the best observation-blind answer, and than the untrained sampler."""
-    from rlinf_jax.flow.vla_bc import flow_matching_clone
+    from rlinf_jax.tasks.embodied.cloning import flow_matching_clone
     from rlinf_jax.policies.embodied import embodied_policy
 
     cfg = load_config("ppo_pi0_tabletop", TINY_PI0)
@@ -192,7 +194,7 @@ def test_one_fused_ppo_iteration_rescores_the_stored_chains():
     """One fused iteration on 2 envs, one minibatch of one epoch: the update sees the
     parameters that sampled the chains, so after the trainer's flatten / shuffle / minibatch
     reshapes every re-scored log-prob must equal the rollout's (ratio 1: zero KL, no clipping)."""
-    from rlinf_jax.flow.embodied_runner import build_trainer
+    from rlinf_jax.tasks.embodied.build import build_trainer
 
     cfg = load_config(
         "ppo_pi0_tabletop",

@@ -14,8 +14,10 @@ import pytest
 from flax import nnx
 
 from rlinf_jax.config import load_config
-from rlinf_jax.flow import reasoning_model as rm
-from rlinf_jax.flow.reasoning_eval import pass_at_k
+from rlinf_jax.policies.lm.logprobs import policy_logprobs
+from rlinf_jax.rollout.scoring import pass_at_k
+from rlinf_jax.tasks.reasoning import update as rl
+from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
 from tests.test_sft import TINY_LM
 
 
@@ -34,8 +36,6 @@ def rl_config(tmp_path, *extra):
 
 
 def trainer(tmp_path, *extra):
-    from rlinf_jax.flow.reasoning import ReasoningTrainer
-
     return ReasoningTrainer(rl_config(tmp_path, *extra))
 
 
@@ -46,9 +46,9 @@ def log_softmax_np(x):
 
 def test_policy_logprobs_equal_each_row_alone_and_the_samplers(tmp_path):
     t = trainer(tmp_path)
-    batch, _ = t._collect(jax.random.PRNGKey(3))
-    model = nnx.merge(t.graphdef, t._init_params["policy"])
-    logp, entropy = rm.policy_logprobs(model, {k: jnp.asarray(v) for k, v in batch.items()})
+    batch, _ = t.collector.batch(jax.random.PRNGKey(3))
+    model = nnx.merge(t.lm.graphdef, t._init_params["policy"])
+    logp, entropy = policy_logprobs(model, {k: jnp.asarray(v) for k, v in batch.items()})
     logp, entropy = np.asarray(logp), np.asarray(entropy)
     for r in range(batch["tokens"].shape[0]):
         prompt = batch["prompt_ids"][r][batch["prompt_mask"][r] > 0]
@@ -65,7 +65,7 @@ def test_policy_logprobs_equal_each_row_alone_and_the_samplers(tmp_path):
 
 def _fixed_batch(t, seed=0):
     """A rollout batch with rewards set by hand (two levels per group, one all-equal group)."""
-    batch, _ = t._collect(jax.random.PRNGKey(seed))
+    batch, _ = t.collector.batch(jax.random.PRNGKey(seed))
     rng = np.random.default_rng(seed)
     rewards = rng.integers(0, 2, batch["rewards"].shape).astype(np.float32)
     rewards[:4] = 1.0  # group 0: all correct -> zero advantage
@@ -76,7 +76,7 @@ def _fixed_batch(t, seed=0):
 def test_grpo_advantages_and_on_policy_loss_match_hand_formulas(tmp_path):
     t = trainer(tmp_path)
     batch = _fixed_batch(t)
-    out = t._advantages(t._init_params, {k: jnp.asarray(v) for k, v in batch.items()})
+    out = rl.advantages(t.update_spec, t._init_params, {k: jnp.asarray(v) for k, v in batch.items()})
     m = batch["response_mask"]
     for g in range(4):
         r = batch["rewards"][4 * g : 4 * g + 4]
@@ -86,7 +86,7 @@ def test_grpo_advantages_and_on_policy_loss_match_hand_formulas(tmp_path):
             np.testing.assert_allclose(np.asarray(out["advantages"])[row][m[row] > 0], expect[i], rtol=1e-5, atol=1e-6)
     # One epoch, one mini-batch: ratio 1, so the token-mean loss is -sum(A m) / sum(m).
     ts = t.init()
-    _, metrics = t._update_fn(ts, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
+    _, metrics = rl.update(t.update_spec, ts, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
     adv = np.asarray(out["advantages"])
     assert float(metrics["train/policy_loss"]) == pytest.approx(-(adv * m).sum() / m.sum(), abs=1e-6)
     assert float(metrics["train/clip_fraction"]) == 0.0 and abs(float(metrics["train/approx_kl"])) < 1e-7
@@ -98,8 +98,8 @@ def test_micro_batches_accumulate_to_the_whole_mini_batch(tmp_path, agg):
     whole = trainer(tmp_path, *extra, "actor.micro_batch_size=8")
     split = trainer(tmp_path, *extra, "actor.micro_batch_size=2")
     batch = {k: jnp.asarray(v) for k, v in _fixed_batch(whole, 1).items()}
-    a, ma = whole._update_fn(whole.init(), batch, jax.random.PRNGKey(5))
-    b, mb = split._update_fn(split.init(), batch, jax.random.PRNGKey(5))
+    a, ma = rl.update(whole.update_spec, whole.init(), batch, jax.random.PRNGKey(5))
+    b, mb = rl.update(split.update_spec, split.init(), batch, jax.random.PRNGKey(5))
     for k in ("train/policy_loss", "train/clip_fraction", "train/approx_kl", "train/entropy"):
         assert float(ma[k]) == pytest.approx(float(mb[k]), rel=1e-4, abs=1e-6), k
     assert float(ma["train/approx_kl"]) > 0  # the later mini-batches and epoch ran off-policy
@@ -116,7 +116,7 @@ def test_gae_on_the_value_model_matches_a_naive_loop(tmp_path):
     params["value"]["head"]["kernel"] = params["value"]["head"]["kernel"].replace(
         jnp.asarray(np.random.default_rng(0).normal(size=(32, 1)), jnp.float32) * 0.1
     )
-    out = t._advantages(params, {k: jnp.asarray(v) for k, v in batch.items()})
+    out = rl.advantages(t.update_spec, params, {k: jnp.asarray(v) for k, v in batch.items()})
     values = np.asarray(out["old_values"])
     m = batch["response_mask"]
     for r in range(m.shape[0]):
@@ -135,7 +135,7 @@ def test_gae_on_the_value_model_matches_a_naive_loop(tmp_path):
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
     t = trainer(tmp_path, "algorithm.dynamic_sampling=true", "algorithm.max_resample=3")
-    real = t._rollout_round
+    real = t.collector.round
     plans = iter([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]])  # informative groups per round
 
     def fake_round(key):
@@ -147,8 +147,8 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
         return data
 
     calls = []
-    t._rollout_round = fake_round
-    batch, metrics = t._collect(jax.random.PRNGKey(0))
+    t.collector.round = fake_round
+    batch, metrics = t.collector.batch(jax.random.PRNGKey(0))
     assert len(calls) == 2  # 3 informative groups, then 1 more from the second round
     groups = batch["rewards"].reshape(4, 4)
     assert (groups.max(1) != groups.min(1)).all()

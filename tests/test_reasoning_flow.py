@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -29,10 +26,10 @@ TINY_LM = [
     "rollout.max_new_tokens=12",
     "rollout.eval_batch_size=32",
 ]
+QUIET = ["runner.progress_bar=false", "runner.tensorboard=false"]
 TINY = [
     *TINY_LM,
-    "runner.progress_bar=false",
-    "runner.tensorboard=false",
+    *QUIET,
     "data.rollout_batch_size=8",
     "algorithm.group_size=4",
     "actor.global_batch_size=16",
@@ -45,7 +42,7 @@ TINY = [
 def warm(tmp_path_factory):
     """A warm-started tiny model (an SFT run folder) shared by the tests of this file."""
     out = tmp_path_factory.mktemp("warm")
-    assert main(["--config-name", "sft_math", *TINY, f"runner.output_dir={out}", "runner.experiment_name=sft",
+    assert main(["--config-name", "sft_math", *TINY_LM, *QUIET, f"runner.output_dir={out}", "runner.experiment_name=sft",
                  "runner.max_steps=60", "actor.optim.lr=3e-3", "actor.global_batch_size=64",
                  "actor.micro_batch_size=64", "runner.eval_interval=0", "runner.save_interval=0"]) == 0
     return out / "sft"
@@ -95,50 +92,28 @@ def test_resume_continues_exactly(tmp_path, warm):
     assert set(placement["components"]) == {"rollout", "reference", "actor"}
 
 
-_PLACEMENTS = textwrap.dedent(
-    """
-    import json, sys
-    import jax
-    from rlinf_jax.config import load_config
-    from rlinf_jax.flow.reasoning_runner import run
-    from rlinf_jax.runtime import read_metrics
-
-    out, warm, placement = sys.argv[1], sys.argv[2], sys.argv[3]
-    tiny = json.loads(sys.argv[4])
-    cfg = load_config("grpo_math", [*tiny, f"runner.output_dir={out}", "runner.experiment_name=p",
-                                    f"actor.model.path={warm}", "runner.log_interval=1", "runner.max_steps=3",
-                                    "runner.eval_interval=3", "algorithm.kl_coef=0.01",
-                                    f"cluster.component_placement={placement}"])
-    run(cfg)
-    print(json.dumps({"metrics": read_metrics(f"{out}/p"),
-                      "placement": json.load(open(f"{out}/p/placement.json"))}))
-    """
-)
-
-
 @pytest.mark.slow
+@pytest.mark.devices(8)
 def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, warm):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     results = {}
     for name, placement in [
         ("collocated", "collocated"),
         ("disaggregated", "disaggregated"),
         ("hybrid", "{rollout: 0-3, reference: 4-5, actor: all}"),
     ]:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PLACEMENTS, str(tmp_path / name), str(warm), placement, json.dumps(TINY)],
-            check=False, capture_output=True, text=True, env=env, timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    modes = {k: v["placement"]["mode"] for k, v in results.items()}
+        argv = rl(tmp_path, warm, name, "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
+                  f"cluster.component_placement={placement}")
+        assert main(argv) == 0
+        run_dir = tmp_path / name
+        results[name] = (read_metrics(run_dir / "metrics.jsonl"), json.loads((run_dir / "placement.json").read_text()))
+    modes = {k: placement["mode"] for k, (_, placement) in results.items()}
     assert modes == {"collocated": "collocated", "disaggregated": "disaggregated", "hybrid": "hybrid"}
-    devices = results["disaggregated"]["placement"]["components"]
+    devices = results["disaggregated"][1]["components"]
     assert devices["actor"]["devices"] == [4, 5, 6, 7] and devices["rollout"]["devices"] == [0, 1]
-    base = strip(results["collocated"]["metrics"])
+    base = strip(results["collocated"][0])
     assert any(r.get("rollout/accuracy", 0) > 0 for r in base)  # rewards vary: the comparison means something
     for name in ("disaggregated", "hybrid"):
-        other = strip(results[name]["metrics"])
+        other = strip(results[name][0])
         assert [r.keys() for r in other] == [r.keys() for r in base]
         for a, b in zip(base, other):
             for k in a:

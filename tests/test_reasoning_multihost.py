@@ -9,7 +9,7 @@ and weights cross hosts every iteration and the actor's state reaches the checkp
 through the host). Each launch compiles in both processes on a 2-core machine, so the
 runs are two iterations of a tiny model.
 
-Host rewards are shared out over the processes (`flow.reasoning_rewards`); that
+Host rewards are shared out over the processes (`rewards.split`); that
 splitting is checked in one process against scoring the whole batch at once.
 """
 
@@ -24,7 +24,8 @@ import pytest
 
 from rlinf_jax.runtime import read_metrics
 from tests import test_launch
-from tests.test_launch import _assert_close, _clean_env, _launch
+from tests.conftest import forced_devices_env
+from tests.test_launch import _assert_close, _launch
 from tests.test_reasoning_flow import TINY_LM
 
 # The embodied launcher tests' local Ray cluster (4 logical CPUs, bound to localhost).
@@ -69,7 +70,7 @@ def one_host(tmp_path_factory):
         capture_output=True,
         text=True,
         timeout=900,
-        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"),
+        env=forced_devices_env(8),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = out / "ref"
@@ -108,7 +109,7 @@ def test_grpo_disaggregated_on_two_hosts_matches_one_host(ray_address, one_host,
 
 # ------------------------------------------------------------------ pieces, in one process
 def test_rewards_shared_out_over_processes_equal_scoring_all_rows():
-    from rlinf_jax.flow.reasoning_rewards import combine, row_share
+    from rlinf_jax.rewards.split import combine, row_share
     from rlinf_jax.rewards import RewardConfig, RewardFunction
 
     responses = [r"\boxed{4}", "7", r"so \boxed{9}", "no answer", r"\boxed{1/2}", "12", r"\boxed{5}"]

@@ -25,6 +25,7 @@ from rlinf_jax.rewards import (
     extract_answer,
     format_ok,
     last_number,
+    overlong_penalty,
 )
 from rlinf_jax.rewards.pool import SoftTimeout
 
@@ -305,3 +306,9 @@ def test_an_outer_alarm_survives_an_inline_check():
     finally:
         signal.signal(signal.SIGALRM, old)
         signal.setitimer(signal.ITIMER_REAL, max(prev[0] - (time.monotonic() - t0), 0.0) if prev[0] else 0.0, prev[1])
+
+
+def test_overlong_penalty_hand_example():
+    # max_len 10, cache 4: 0 up to 6, then (6 - L)/4, -1 beyond 10.
+    out = np.asarray(overlong_penalty(np.array([0, 6, 7, 8, 10, 11, 50]), 10, 4))
+    np.testing.assert_allclose(out, [0, 0, -0.25, -0.5, -1, -1, -1])

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies import from_pretrained
+from rlinf_jax.policies.lm import from_pretrained
 from rlinf_jax.policies.lm.tiny import save_tiny
 from rlinf_jax.rollout import sampler as sampler_lib
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams, bucket_length

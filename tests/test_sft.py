@@ -13,7 +13,9 @@ import pytest
 from rlinf_jax.config import load_config
 from rlinf_jax.data import CharTokenizer
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow import reasoning_model as rm
+from rlinf_jax.rollout.lm_io import encode_targets
+from rlinf_jax.tasks.sft.lm import SFTTrainer, train_step
+from rlinf_jax.tasks.sft.lm_setup import policy_weights
 from rlinf_jax.runtime import read_metrics
 
 # A model small enough to compile and train in seconds.
@@ -36,8 +38,6 @@ def sft_overrides(tmp_path, name="s", *extra):
 
 
 def _trainer(tmp_path, *extra):
-    from rlinf_jax.flow.sft import SFTTrainer
-
     cfg = load_config("sft_math", sft_overrides(tmp_path, "s", "actor.global_batch_size=8", "actor.micro_batch_size=8",
                                                 "actor.optim.warmup_steps=0", *extra))
     return SFTTrainer(cfg)
@@ -47,12 +47,12 @@ def test_sft_loss_is_the_target_token_nll(tmp_path):
     trainer = _trainer(tmp_path)
     ts = trainer.init()
     batch = jax.device_get(trainer.next_batch())
-    _, metrics = trainer._train_step(ts, batch)
+    _, metrics = train_step(trainer.step_spec, ts, batch)
 
     # Reference: each row on its own, unpadded (prompt + target), through the plain forward.
     from flax import nnx
 
-    model = nnx.merge(trainer.graphdef, jax.device_get(ts.params["policy"]))
+    model = nnx.merge(trainer.lm.graphdef, jax.device_get(ts.params["policy"]))
     nll, count = 0.0, 0
     for r in range(batch["tokens"].shape[0]):
         prompt = batch["prompt_ids"][r][batch["prompt_mask"][r] > 0]
@@ -72,8 +72,8 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     split = _trainer(tmp_path, "actor.micro_batch_size=2")
     ts_a, ts_b = whole.init(), split.init()
     batch = jax.device_get(whole.next_batch())
-    new_a, ma = whole._train_step(ts_a, batch)
-    new_b, mb = split._train_step(ts_b, batch)
+    new_a, ma = train_step(whole.step_spec, ts_a, batch)
+    new_b, mb = train_step(split.step_spec, ts_b, batch)
     assert float(ma["train/loss"]) == pytest.approx(float(mb["train/loss"]), rel=1e-5)
     for a, b, before in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params), jax.tree.leaves(ts_a.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
@@ -82,11 +82,11 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
 
 def test_targets_are_boxed_answer_and_end_token():
     tok = CharTokenizer()
-    ids, mask = rm.encode_targets(tok, ["\\boxed{14}"], 12)
+    ids, mask = encode_targets(tok, ["\\boxed{14}"], 12)
     assert tok.decode(ids[0][mask[0] > 0]) == "\\boxed{14}<eos>"
     assert mask.sum() == 11 and (ids[0][11:] == tok.pad_id).all()
     with pytest.raises(BadInput, match="rollout.max_new_tokens"):
-        rm.encode_targets(tok, ["\\boxed{123456}"], 8)
+        encode_targets(tok, ["\\boxed{123456}"], 8)
 
 
 @pytest.mark.slow
@@ -128,15 +128,15 @@ def test_sft_cli_learns_checkpoints_and_resumes_exactly(tmp_path):
 def test_lora_starts_at_the_base_model_and_trains_only_the_adapters(tmp_path):
     from flax import nnx
 
-    from rlinf_jax.flow.reasoning_lora import merge_host
+    from rlinf_jax.policies.lm.lora import merge_host
     from rlinf_jax.policies.lm.hf_checkpoint import flatten_tree
 
     full = _trainer(tmp_path)
     lora = _trainer(tmp_path, "actor.model.lora_rank=4", "actor.model.lora_alpha=8")
     batch = jax.device_get(full.next_batch())
     ts = lora.init()
-    _, m_full = full._train_step(full.init(), batch)
-    new, m_lora = lora._train_step(ts, batch)
+    _, m_full = train_step(full.step_spec, full.init(), batch)
+    new, m_lora = train_step(lora.step_spec, ts, batch)
     # B = 0 at the start: the same model, the same loss.
     assert float(m_lora["train/loss"]) == pytest.approx(float(m_full["train/loss"]), rel=1e-6)
     before, after = jax.device_get(ts.params), jax.device_get(new.params)
@@ -145,7 +145,7 @@ def test_lora_starts_at_the_base_model_and_trains_only_the_adapters(tmp_path):
     assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before["lora"]), jax.tree.leaves(after["lora"])))
     # 7 projections per layer get adapters; the merged weights are W + alpha/r * A @ B.
     assert len(after["lora"]) == 7
-    merged = jax.device_get(lora.policy_state(after))
+    merged = jax.device_get(policy_weights(lora.lora, after))
     key = "layers:0:attn:q_proj:kernel"
     w = np.asarray(after["policy"]["layers"][0]["attn"]["q_proj"]["kernel"][...])
     expect = w + 2.0 * after["lora"][key]["a"] @ after["lora"][key]["b"]

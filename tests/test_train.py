@@ -9,11 +9,14 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rlinf_jax.config import load_config
-from rlinf_jax.flow.embodied_runner import TrainingDiverged, run
+from rlinf_jax.flow.host_loop import TrainingDiverged
+from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.runtime import Checkpointer, read_metrics
 from rlinf_jax.train import main
 from tests.conftest import TINY, run_cli
@@ -136,44 +139,21 @@ def test_fresh_start_refuses_to_overwrite_a_run(tmp_path, tiny, capsys):
     assert "runner.resume=auto" in capsys.readouterr().err
 
 
-_DEVICES_SCRIPT = """
-import json, sys, jax
-import jax.numpy as jnp
-from rlinf_jax.config import load_config
-from rlinf_jax.flow.embodied_runner import build_trainer
-out = {}
-for n in ("1", "8"):
-    cfg = load_config("ppo_brax", sys.argv[1:] + [f"cluster.num_devices={n}"])
-    trainer = build_trainer(cfg)
-    ts = trainer.init()
-    ts, sums = trainer.run_chunk(ts, jnp.int32(3))
-    out[n] = {
-        "devices": len(ts.env_state.obs.sharding.device_set),
-        "metrics": trainer.summarize(sums, 3),
-        "params": [float(jnp.sum(x)) for x in jax.tree.leaves(ts.params)],
-    }
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
+@pytest.mark.devices(8)
 def test_one_and_eight_devices_agree():
-    proc = subprocess.run(
-        [sys.executable, "-c", _DEVICES_SCRIPT, *TINY],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["1"]["devices"] == 1 and out["8"]["devices"] == 8
-    np.testing.assert_allclose(out["1"]["params"], out["8"]["params"], rtol=2e-4, atol=2e-4)
-    for key, value in out["1"]["metrics"].items():
-        np.testing.assert_allclose(out["8"]["metrics"][key], value, rtol=2e-3, atol=2e-3, err_msg=key)
+    out = {}
+    for n in ("1", "8"):
+        trainer = build_trainer(load_config("ppo_brax", [*TINY, f"cluster.num_devices={n}"]))
+        ts, sums = trainer.run_chunk(trainer.init(), jnp.int32(3))
+        out[n] = (len(ts.env_state.obs.sharding.device_set), trainer.summarize(sums, 3), jax.tree.leaves(ts.params))
+    assert out["1"][0] == 1 and out["8"][0] == 8
+    for a, b in zip(out["1"][2], out["8"][2]):
+        np.testing.assert_allclose(np.sum(np.asarray(a)), np.sum(np.asarray(b)), rtol=2e-4, atol=2e-4)
+    for key, value in out["1"][1].items():
+        np.testing.assert_allclose(out["8"][1][key], value, rtol=2e-3, atol=2e-3, err_msg=key)
 
 
-@pytest.mark.slow
 def test_playground_env_trains_checkpoints_and_resumes(tmp_path, tiny, capsys):
     # MJX states hold zero-size arrays and hundreds of leaves: the checkpoint path must cope.
     pg = [*tiny, "env.suite=playground", "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"]

@@ -5,7 +5,6 @@ and one PPO iteration giving the same numbers collocated and disaggregated."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -17,20 +16,18 @@ import pytest
 from flax import nnx
 
 from rlinf_jax.config import load_config
-from rlinf_jax.envs import make_env, make_eval_env
+from rlinf_jax.envs import make_env
 from rlinf_jax.errors import BadInput
 
 # A VLA small enough to compile in seconds: 16 px images (4 patches), one-layer tower and
-# backbone, 8 bins, chunks of 2 sub-steps, 4-sub-step episodes.
-TINY_VLA = [
+# backbone, 8 bins, chunks of 2 sub-steps, 4-sub-step episodes. TINY_VLA_MODEL is what an
+# SFT run of it reads; TINY_VLA adds the RL run's settings.
+TINY_VLA_MODEL = [
     "env.num_envs=4",
     "env.num_eval_envs=4",
     "env.image_size=16",
     "env.chunk_length=2",
     "env.episode_length=4",
-    "algorithm.rollout_length=2",
-    "algorithm.num_minibatches=2",
-    "algorithm.update_epochs=1",
     "actor.model.vla_patch_size=8",
     "actor.model.vla_vision_hidden_size=16",
     "actor.model.vla_vision_layers=1",
@@ -41,10 +38,16 @@ TINY_VLA = [
     "actor.model.lm_num_heads=2",
     "actor.model.lm_num_kv_heads=1",
     "actor.model.vla_n_bins=8",
-    "sft.warm_start_steps=0",
     "sft.dagger_rounds=0",
-    "sft.critic_warmup_steps=0",
     "runner.progress_bar=false",
+]
+TINY_VLA = [
+    *TINY_VLA_MODEL,
+    "algorithm.rollout_length=2",
+    "algorithm.num_minibatches=2",
+    "algorithm.update_epochs=1",
+    "sft.warm_start_steps=0",
+    "sft.critic_warmup_steps=0",
 ]
 
 
@@ -116,13 +119,15 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
 
 @pytest.mark.parametrize("level", ["action", "token"])
 def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
-    from rlinf_jax.flow.embodied_ppo import PPOTrainer
     from rlinf_jax.sharding import data_mesh
+    from rlinf_jax.tasks.embodied import ppo
+    from rlinf_jax.tasks.embodied.setup import make_setup
+    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
     cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, f"actor.model.vla_logprob_level={level}"])
-    trainer = PPOTrainer(cfg, make_env(cfg.env), make_eval_env(cfg.env), data_mesh(1))
+    trainer = PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
     params = trainer._init_params
-    model = trainer.model(params)
+    model = trainer.learner.model(params)
     obs = _obs(batch=4)
     keys = jax.random.split(jax.random.PRNGKey(2), 4)
     _, bins, logprob = trainer.policy.act(model, obs, keys)
@@ -140,7 +145,7 @@ def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
         "obs": obs, "raw_action": bins, "logprob": jnp.asarray(old, jnp.float32),
         "advantage": jnp.asarray(adv, jnp.float32), "return": jnp.zeros(4),
     }
-    _, metrics = trainer._loss(params, None, batch, jax.random.PRNGKey(0))
+    _, metrics = ppo.loss(trainer.learner, params, None, batch, jax.random.PRNGKey(0))
     a = (adv - adv.mean()) / (adv.std() + 1e-8) if cfg.algorithm.normalize_advantages else adv
     eps = cfg.algorithm.clip_eps
     terms = [
@@ -169,17 +174,18 @@ def test_action_slots_read_each_other_and_the_instruction():
 
 
 def test_group_advantages_compare_each_episode_with_its_group():
-    from rlinf_jax.flow.embodied_ppo import PPOTrainer
     from rlinf_jax.sharding import data_mesh
+    from rlinf_jax.tasks.embodied import ppo
+    from rlinf_jax.tasks.embodied.setup import make_setup
+    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
     cfg = load_config(
         "grpo_vla_tabletop", [*TINY_VLA, "env.num_envs=8", "env.group_size=4", "algorithm.reward_scale=2.0"]
     )
-    env, eval_env = make_env(cfg.env), make_eval_env(cfg.env)
-    trainer = PPOTrainer(cfg, env, eval_env, data_mesh(1))
+    trainer = PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
     rewards = np.random.default_rng(3).normal(size=(2, 8)).astype(np.float32)
     rewards[:, 4:] = 1.0  # the second group's episodes are all equal: zero advantages
-    adv, ret, _ = trainer._advantages(None, None, SimpleNamespace(reward=jnp.asarray(rewards)), None)
+    adv, ret, _ = ppo.advantages(trainer.learner, None, None, SimpleNamespace(reward=jnp.asarray(rewards)), None)
     totals = 2.0 * rewards.sum(0)
     expected = np.zeros(8)
     for g in range(2):
@@ -198,16 +204,17 @@ def test_group_advantages_compare_each_episode_with_its_group():
     ],
 )
 def test_group_advantages_refuse_settings_without_whole_grouped_episodes(override, fragment):
-    from rlinf_jax.flow.embodied_ppo import PPOTrainer
     from rlinf_jax.sharding import data_mesh
+    from rlinf_jax.tasks.embodied.setup import make_setup
+    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
     cfg = load_config("grpo_vla_tabletop", [*TINY_VLA, override])
     with pytest.raises(BadInput, match=fragment):
-        PPOTrainer(cfg, make_env(cfg.env), make_eval_env(cfg.env), data_mesh(1))
+        PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
 
 
 def test_behaviour_cloning_fits_the_expert_bins():
-    from rlinf_jax.flow.vla_bc import behaviour_clone, expert_bins
+    from rlinf_jax.tasks.embodied.cloning import behaviour_clone, expert_bins
 
     _, policy, model = _policy()
     graphdef, params = nnx.split(model)
@@ -233,7 +240,8 @@ def test_behaviour_cloning_fits_the_expert_bins():
 def test_dagger_labels_the_policys_own_states_with_the_experts_chunks():
     from rlinf_jax.envs.tabletop import episode_id
     from rlinf_jax.envs.tabletop.expert import expert_actions
-    from rlinf_jax.flow.vla_bc import dagger_clone, policy_visits
+    from rlinf_jax.rollout.visits import policy_visits
+    from rlinf_jax.tasks.embodied.cloning import dagger_clone
 
     cfg, policy, model = _policy()
     env = make_env(cfg.env).unwrapped
@@ -266,7 +274,7 @@ def test_dagger_labels_the_policys_own_states_with_the_experts_chunks():
 
 
 def test_discounted_returns_stop_at_the_episode_end():
-    from rlinf_jax.flow.vla_bc import discounted_returns
+    from rlinf_jax.algos.imitation import discounted_returns
 
     rng = np.random.default_rng(0)
     reward = rng.normal(size=(3, 6)).astype(np.float32)
@@ -281,7 +289,7 @@ def test_discounted_returns_stop_at_the_episode_end():
 
 @pytest.mark.slow
 def test_critic_warmup_fits_only_the_value_head():
-    from rlinf_jax.flow.vla_bc import fit_value_head
+    from rlinf_jax.tasks.embodied.cloning import fit_value_head
 
     cfg, policy, model = _policy()
     graphdef, params = nnx.split(model)
@@ -294,46 +302,35 @@ def test_critic_warmup_fits_only_the_value_head():
     assert np.isfinite(err)
 
 
-_MODES = r"""
-import json, sys, jax
-import jax.numpy as jnp
-from rlinf_jax.config import load_config
-from rlinf_jax.flow.embodied_runner import build_trainer
-
-out = {}
-for name, extra in {"fused": ["flow.runner=fused"],
-                    "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"],
-                    "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"]}.items():
-    trainer = build_trainer(load_config("ppo_vla_tabletop", sys.argv[1:] + extra))
-    state = trainer.init()
-    state, sums = trainer.run_iterations(state, 1) if name != "fused" else trainer.run_chunk(state, jnp.int32(1))
-    snap = jax.device_get(trainer.snapshot(state))
-    out[name] = {"metrics": trainer.summarize(sums, 1),
-                 "params": [x.ravel()[:64].tolist() for x in jax.tree.leaves(snap.params)]}
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
+@pytest.mark.devices(2)
 def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
     # Hybrid: env on device 0, rollout on device 1, the batch in 2 micro-batches streaming
     # between them (cached resets, which micro-batches can split), the actor on both.
-    proc = subprocess.run(
-        [sys.executable, "-c", _MODES, *TINY_VLA, "env.reset_mode=cached"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    ref = out["fused"]
+    from rlinf_jax.tasks.embodied.build import build_trainer
+    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+
+    layouts = {
+        "fused": ["flow.runner=fused"],
+        "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"],
+        "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"],
+    }
+    out = {}
+    for name, extra in layouts.items():
+        trainer = build_trainer(load_config("ppo_vla_tabletop", [*TINY_VLA, "env.reset_mode=cached", *extra]))
+        state = trainer.init()
+        if isinstance(trainer, PPOTrainer):
+            state, sums = trainer.run_chunk(state, jnp.int32(1))
+        else:
+            state, sums = trainer.run_iterations(state, 1)
+        out[name] = (trainer.summarize(sums, 1), jax.tree.leaves(jax.device_get(trainer.snapshot(state)).params))
+    ref_metrics, ref_params = out["fused"]
     for name in ("disaggregated", "hybrid"):
-        got = out[name]
-        for key, value in ref["metrics"].items():
-            np.testing.assert_allclose(got["metrics"][key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
-        for a, b in zip(got["params"], ref["params"]):
-            np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-4, err_msg=name)
+        metrics, params = out[name]
+        for key, value in ref_metrics.items():
+            np.testing.assert_allclose(metrics[key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
+        for a, b in zip(params, ref_params):
+            np.testing.assert_allclose(np.ravel(a)[:64], np.ravel(b)[:64], rtol=1e-3, atol=2e-4, err_msg=name)
 
 
 def _read_png(path):
@@ -378,7 +375,7 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     # Demos need episodes long enough for the expert to finish (it needs about 24 sub-steps);
     # the SFT run's config, not the RL run's, shapes the state its checkpoint is read onto.
     # One DAgger round (at step 2 of 4) adds the cloned policy's own states.
-    sft = [*TINY_VLA, "env.episode_length=32", "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4",
+    sft = [*TINY_VLA_MODEL, "env.episode_length=32", "runner.max_steps=4", "runner.eval_interval=4", "sft.num_demos=4",
            "sft.batch_size=8", "sft.dagger_rounds=1", "sft.dagger_episodes=4", "runner.log_interval=2", out]
     proc = run_cli(["--config-name", "sft_vla_tabletop", *sft, "runner.experiment_name=s"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -390,7 +387,7 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     assert 0.0 <= records[-1]["sft/dagger_success"] <= 1.0
 
     # An RL run starts from exactly the SFT run's last parameters...
-    from rlinf_jax.flow.embodied_runner import build_trainer
+    from rlinf_jax.tasks.embodied.build import build_trainer
     from rlinf_jax.runtime.checkpoint import Checkpointer, _key_str
 
     def by_path(tree):

@@ -8,7 +8,7 @@ from rlinf_jax.algos.advantages import (
     reinforce_pp_baseline,
     rloo,
 )
-from rlinf_jax.algos.dapo import informative_groups, overlong_penalty
+from rlinf_jax.algos.dapo import informative_groups
 from rlinf_jax.algos.losses import (
     aggregate,
     decoupled_ppo_loss,
@@ -20,6 +20,9 @@ from rlinf_jax.algos.losses import (
     value_loss,
 )
 from rlinf_jax.algos.registry import (
+    GROUP_ADVANTAGES,
+    GROUP_OUTCOME_ADVANTAGES,
+    TOKEN_ADVANTAGES,
     get_advantage,
     get_aggregation,
     get_kl,
@@ -31,6 +34,9 @@ from rlinf_jax.algos.registry import (
 )
 
 __all__ = [
+    "GROUP_ADVANTAGES",
+    "GROUP_OUTCOME_ADVANTAGES",
+    "TOKEN_ADVANTAGES",
     "aggregate",
     "decoupled_ppo_loss",
     "dr_grpo",
@@ -45,7 +51,6 @@ __all__ = [
     "grpo",
     "informative_groups",
     "kl_penalty",
-    "overlong_penalty",
     "ppo_policy_loss",
     "register_advantage",
     "register_aggregation",

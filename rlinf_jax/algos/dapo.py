@@ -4,12 +4,13 @@
    clip_high=0.28)`` (``rlinf_jax.algos.losses``); there is no separate function.
 2. Token-level policy-gradient loss: ``agg="token-mean"`` (sum over all valid tokens of
    the batch divided by their count), the default of ``ppo_policy_loss``.
-3. Overlong reward shaping: ``overlong_penalty`` below, added to the outcome reward.
+3. Overlong reward shaping: ``rlinf_jax.rewards.shaping.overlong_penalty``, added to the
+   outcome reward by the reward function (``reward.overlong_*``).
 4. Dynamic sampling: ``informative_groups`` below marks prompt groups whose rewards are
    not all equal (an all-equal group has zero GRPO advantage, hence no gradient); the
    reasoning runner keeps sampling new groups, at most ``algorithm.max_resample`` rounds,
    until the batch is full of informative ones
-   (``rlinf_jax.flow.dynamic_sampling.collect_informative_groups``).
+   (``rlinf_jax.rollout.dynamic_sampling.collect_informative_groups``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from rlinf_jax.algos.advantages import _groups
-
-
-def overlong_penalty(lengths, max_len, cache_len):
-    """Soft overlong punishment (DAPO eq. 13) for response lengths ``lengths`` ``[N]``.
-
-    0 for L <= max_len - cache_len; (max_len - cache_len - L) / cache_len for
-    max_len - cache_len < L <= max_len (linear from 0 down to -1); -1 for L > max_len.
-    """
-    L = jnp.asarray(lengths, jnp.float32)
-    start = max_len - cache_len
-    ramp = (start - L) / max(cache_len, 1)
-    return jnp.where(L <= start, 0.0, jnp.where(L <= max_len, ramp, -1.0))
 
 
 def informative_groups(rewards, group_size):

@@ -21,6 +21,13 @@ ADVANTAGES: dict[str, Callable] = {
     "reinforce_pp": advantages.reinforce_pp,
     "reinforce_pp_baseline": advantages.reinforce_pp_baseline,
 }
+# Estimators that give one advantage per response (or episode) from its group's outcomes.
+GROUP_OUTCOME_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+# Estimators that compare the members of a group at all: a group needs two of them.
+GROUP_ADVANTAGES = (*GROUP_OUTCOME_ADVANTAGES, "reinforce_pp_baseline")
+# Token-level REINFORCE++ estimators (token rewards, discounted reward-to-go).
+TOKEN_ADVANTAGES = ("reinforce_pp", "reinforce_pp_baseline")
+
 POLICY_LOSSES: dict[str, Callable] = {
     "ppo": losses.ppo_policy_loss,
     "dual_clip_ppo": losses.dual_clip_ppo_policy_loss,

@@ -23,23 +23,18 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
+try:
+    from omegaconf._utils import get_yaml_loader
+except ImportError:  # pragma: no cover  (private API)
+    get_yaml_loader = None
+
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
 BASE_KEY = "base"
-# Kept in step with rlinf_jax.policies.mlp.ACTIVATIONS; duplicated so loading a config
-# does not import jax.
-KNOWN_ACTIVATIONS = ("relu", "tanh", "swish", "silu", "gelu", "elu")
 LR_SCHEDULES = ("constant", "linear")
 RESUME_WORDS = ("none", "auto")
-TASKS = ("embodied", "sft", "reasoning")
-LM_TASKS = ("sft", "reasoning")
-# Kept in step with rlinf_jax.policies.lm (SUPPORTED_MODEL_TYPES, parse_dtype), for the same reason.
-LM_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma")
-LM_DTYPES = ("float32", "bfloat16")
-# Advantage estimators that compare the responses of one prompt: a group needs two of them.
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
 
 
 def _one_line(msg: str) -> str:
@@ -166,9 +161,13 @@ def _check_keys(tree: dict, where: str, prefix: str = "") -> None:
 
 
 def list_recipes(config_dir: str | os.PathLike | None = None) -> list[str]:
-    """Names of the recipes in ``config_dir`` (default: the packaged ``configs/``)."""
+    """Names of the recipes in ``config_dir`` (default: the packaged ``configs/``).
+
+    Files whose names start with ``_`` are fragments: shared settings that recipes build
+    on with ``base:``, not runs of their own, so they are not listed.
+    """
     d = Path(config_dir) if config_dir is not None else RECIPE_DIR
-    return sorted(p.stem for p in d.glob("*.yaml"))
+    return sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def _read_yaml(path: Path, label: str) -> dict:
@@ -196,12 +195,7 @@ def _read_yaml(path: Path, label: str) -> dict:
 def _yaml_loader():
     # OmegaConf's YAML flavour (``1e-3`` is a float, duplicate keys are errors), so a
     # recipe reads exactly like an override. It is private API, hence the fallback.
-    try:
-        from omegaconf._utils import get_yaml_loader
-
-        return get_yaml_loader()
-    except ImportError:  # pragma: no cover
-        return yaml.SafeLoader
+    return yaml.SafeLoader if get_yaml_loader is None else get_yaml_loader()
 
 
 def _recipe_path(name: str, config_dir: Path) -> Path:
@@ -294,11 +288,36 @@ def _rewrite_type_error(e: OmegaConfBaseException, layer: dict, where: str) -> B
     return _bad(f"invalid config {where}: {first}" if where else f"invalid config: {first}")
 
 
-def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> Config:
+@dataclasses.dataclass
+class Origins:
+    """Where each key a run's config sets explicitly came from: the recipe's own file or an
+    override (``explicit``), or a ``base:`` recipe it builds on (``inherited``). Keys left
+    at their schema default appear in neither."""
+
+    explicit: dict[str, str] = dataclasses.field(default_factory=dict)
+    inherited: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _leaf_paths(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and path not in OPEN_LEAVES and path in SECTIONS:
+            yield from _leaf_paths(value, path + ".")
+        else:
+            yield path
+
+
+def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> tuple[Config, Origins]:
     cfg = OmegaConf.structured(Config)
-    for where, data in layers:
+    origins = Origins()
+    for i, (where, data) in enumerate(layers):
         _check_keys(data, where)
         cfg = _merge_layer(cfg, data, where)
+        own = i == len(layers) - 1
+        for path in _leaf_paths(data):
+            (origins.explicit if own else origins.inherited)[path] = where
+            if own:
+                origins.inherited.pop(path, None)
     if overrides is None:
         overrides = ()
     elif isinstance(overrides, str):
@@ -310,23 +329,23 @@ def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> Config:
         layer = _nest(key, value)
         _check_keys(layer, where)
         cfg = _merge_layer(cfg, layer, where)
+        for path in _leaf_paths(layer):
+            origins.explicit[path] = where
+            origins.inherited.pop(path, None)
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise _rewrite_type_error(e, {}, "") from None
     validate(obj)
-    return obj
+    return obj, origins
 
 
-def load_config(
+def compose(
     config_name: str = "ppo_brax",
     overrides: Iterable[str] = (),
     config_dir: str | os.PathLike | None = None,
-) -> Config:
-    """Loads recipe ``config_name`` (or a path to a YAML file), applies overrides, validates.
-
-    Raises ``BadInput`` with a one-line message for anything the user can fix.
-    """
+) -> tuple[Config, Origins]:
+    """`load_config`, and where every explicitly set key came from (`Origins`)."""
     recipe_dir = Path(config_dir) if config_dir is not None else RECIPE_DIR
     if str(config_name).endswith((".yaml", ".yml")) or os.sep in str(config_name):
         path = Path(config_name)
@@ -338,12 +357,24 @@ def load_config(
     return _build(layers, overrides)
 
 
+def load_config(
+    config_name: str = "ppo_brax",
+    overrides: Iterable[str] = (),
+    config_dir: str | os.PathLike | None = None,
+) -> Config:
+    """Loads recipe ``config_name`` (or a path to a YAML file), applies overrides, validates.
+
+    Raises ``BadInput`` with a one-line message for anything the user can fix.
+    """
+    return compose(config_name, overrides, config_dir)[0]
+
+
 def load_config_file(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Config:
     """Loads a resolved config (e.g. a run directory's config.yaml) with full validation."""
     path = Path(path)
     if not path.is_file():
         raise _bad(f"config file {path} does not exist")
-    return _build(_load_layers(path, "config file", RECIPE_DIR), overrides)
+    return _build(_load_layers(path, "config file", RECIPE_DIR), overrides)[0]
 
 
 def config_to_yaml(cfg: Config) -> str:
@@ -360,9 +391,20 @@ def _require(ok: bool, msg: str) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Checks that values make sense together. Env names are the env registry's job."""
-    r, e, a, m, o = cfg.runner, cfg.env, cfg.algorithm, cfg.actor.model, cfg.actor.optim
+    """Checks that values make sense on their own and together, section by section. What
+    depends on a task (which model kinds, activations or LM families exist, the language
+    model sections) is the task's to check (`rlinf_jax.tasks.registry.load_run_config`);
+    env names are the env registry's."""
+    _validate_runner(cfg.runner)
+    _validate_env_and_batch(cfg.env, cfg.algorithm, cfg.flow)
+    _validate_algorithm(cfg.algorithm)
+    _validate_optim(cfg.actor.optim)
+    _validate_model(cfg.actor.model)
+    _validate_cluster(cfg.cluster)
+    _validate_sft(cfg.sft)
 
+
+def _validate_runner(r) -> None:
     _require(r.max_steps >= 1, f"runner.max_steps={r.max_steps} must be >= 1")
     for name in ("save_interval", "eval_interval", "log_interval"):
         v = getattr(r, name)
@@ -384,21 +426,14 @@ def validate(cfg: Config) -> None:
             "(a step folder or a checkpoints folder)",
         )
 
+
+def _validate_env_and_batch(e, a, f) -> None:
     for name in ("num_envs", "num_eval_envs", "episode_length", "action_repeat"):
         v = getattr(e, name)
         _require(v >= 1, f"env.{name}={v} must be >= 1")
-
     for name in ("rollout_length", "update_epochs", "num_minibatches"):
         v = getattr(a, name)
         _require(v >= 1, f"algorithm.{name}={v} must be >= 1")
-    for name in ("gamma", "gae_lambda"):
-        v = getattr(a, name)
-        _require(0.0 <= v <= 1.0, f"algorithm.{name}={v} must be in [0, 1]")
-    _require(a.clip_eps > 0, f"algorithm.clip_eps={a.clip_eps} must be > 0")
-    for name in ("entropy_coef", "value_coef"):
-        v = getattr(a, name)
-        _require(math.isfinite(v) and v >= 0, f"algorithm.{name}={v} must be a finite number >= 0")
-    _require(math.isfinite(a.reward_scale), f"algorithm.reward_scale={a.reward_scale} must be finite")
     batch = e.num_envs * a.rollout_length
     if batch % a.num_minibatches:
         fits = [d for d in range(1, min(batch, 4 * a.num_minibatches) + 1) if batch % d == 0]
@@ -407,18 +442,46 @@ def validate(cfg: Config) -> None:
             f"env.num_envs * algorithm.rollout_length = {e.num_envs} * {a.rollout_length} = {batch} is not divisible "
             f"by algorithm.num_minibatches={a.num_minibatches}; e.g. set algorithm.num_minibatches={nearest}"
         )
+    _require(f.runner in FLOW_RUNNERS, f"flow.runner={f.runner!r} is unknown; choose one of {', '.join(FLOW_RUNNERS)}")
+    _require(f.num_micro_batches >= 1, f"flow.num_micro_batches={f.num_micro_batches} must be >= 1")
+    _require(
+        e.num_envs % f.num_micro_batches == 0,
+        f"env.num_envs={e.num_envs} is not divisible by flow.num_micro_batches={f.num_micro_batches}",
+    )
+    _require(f.max_staleness >= 0, f"flow.max_staleness={f.max_staleness} must be >= 0 (0 = on-policy)")
 
+
+def _validate_algorithm(a) -> None:
+    for name in ("gamma", "gae_lambda"):
+        v = getattr(a, name)
+        _require(0.0 <= v <= 1.0, f"algorithm.{name}={v} must be in [0, 1]")
+    _require(a.clip_eps > 0, f"algorithm.clip_eps={a.clip_eps} must be > 0")
+    for name in ("entropy_coef", "value_coef"):
+        v = getattr(a, name)
+        _require(math.isfinite(v) and v >= 0, f"algorithm.{name}={v} must be a finite number >= 0")
+    _require(math.isfinite(a.reward_scale), f"algorithm.reward_scale={a.reward_scale} must be finite")
+    _require(a.group_size >= 1, f"algorithm.group_size={a.group_size} must be >= 1")
+    _require(0 < a.clip_low < 1, f"algorithm.clip_low={a.clip_low} must be in (0, 1)")
+    _require(math.isfinite(a.clip_high) and a.clip_high > 0, f"algorithm.clip_high={a.clip_high} must be > 0")
+    _require(a.dual_clip == 0 or a.dual_clip > 1, f"algorithm.dual_clip={a.dual_clip} must be 0 (off) or > 1")
+    _require(math.isfinite(a.kl_coef) and a.kl_coef >= 0, f"algorithm.kl_coef={a.kl_coef} must be >= 0 (0 = no KL)")
+    _require(a.max_resample >= 0, f"algorithm.max_resample={a.max_resample} must be >= 0")
+    _require(math.isfinite(a.value_clip) and a.value_clip >= 0, f"algorithm.value_clip={a.value_clip} must be >= 0 (0 = off)")
+
+
+def _validate_optim(o) -> None:
     _require(math.isfinite(o.lr) and o.lr > 0, f"actor.optim.lr={o.lr} must be > 0")
     _require(o.max_grad_norm > 0, f"actor.optim.max_grad_norm={o.max_grad_norm} must be > 0")
     _require(
         o.lr_schedule in LR_SCHEDULES,
         f"actor.optim.lr_schedule={o.lr_schedule!r} is unknown; choose one of {', '.join(LR_SCHEDULES)}",
     )
+    _require(o.warmup_steps >= 0, f"actor.optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, f"actor.optim.weight_decay={o.weight_decay} must be >= 0")
+    _require(math.isfinite(o.critic_lr) and o.critic_lr > 0, f"actor.optim.critic_lr={o.critic_lr} must be > 0")
 
-    _require(
-        m.activation in KNOWN_ACTIVATIONS,
-        f"actor.model.activation={m.activation!r} is unknown; choose one of {', '.join(KNOWN_ACTIVATIONS)}",
-    )
+
+def _validate_model(m) -> None:
     for name in ("policy_hidden_sizes", "value_hidden_sizes"):
         sizes = getattr(m, name)
         _require(
@@ -426,7 +489,11 @@ def validate(cfg: Config) -> None:
             f"actor.model.{name}={sizes} must hold positive layer widths, e.g. [64,64]",
         )
     _require(m.min_std >= 0, f"actor.model.min_std={m.min_std} must be >= 0")
-    _require(m.kind in ("mlp", "vla", "pi0"), f"actor.model.kind={m.kind!r} is unknown; choose mlp, vla or pi0")
+    for name in ("lm_vocab_size", "lm_hidden_size", "lm_intermediate_size", "lm_num_layers", "lm_num_heads",
+                 "lm_num_kv_heads", "lm_max_position_embeddings"):
+        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    _require(m.lora_rank >= 0, f"actor.model.lora_rank={m.lora_rank} must be >= 0 (0 = full fine-tuning)")
+    _require(math.isfinite(m.lora_alpha) and m.lora_alpha > 0, f"actor.model.lora_alpha={m.lora_alpha} must be > 0")
     for name in ("vla_patch_size", "vla_vision_hidden_size", "vla_vision_layers", "vla_vision_heads"):
         _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
     _require(m.vla_n_bins >= 2, f"actor.model.vla_n_bins={m.vla_n_bins} must be >= 2")
@@ -434,11 +501,6 @@ def validate(cfg: Config) -> None:
     _require(
         m.vla_logprob_level in ("chunk", "action", "token"),
         f"actor.model.vla_logprob_level={m.vla_logprob_level!r} is unknown; choose chunk, action or token",
-    )
-    _require(
-        m.kind != "pi0" or m.vla_logprob_level == "chunk",
-        f"actor.model.vla_logprob_level={m.vla_logprob_level} applies to kind=vla; pi0's log-prob is per "
-        "chunk: set it to chunk",
     )
     for name in ("pi0_expert_hidden_size", "pi0_expert_intermediate_size", "pi0_num_steps"):
         _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
@@ -455,12 +517,14 @@ def validate(cfg: Config) -> None:
         f"actor.model.pi0_noise_level={m.pi0_noise_level} must be a finite number > 0",
     )
 
-    nd = cfg.cluster.num_devices
+
+def _validate_cluster(c) -> None:
+    nd = c.num_devices
     _require(
         nd == "all" or (nd.isdigit() and int(nd) >= 1),
         f"cluster.num_devices={nd!r} must be 'all' or a positive integer, e.g. cluster.num_devices=1",
     )
-    cp = cfg.cluster.component_placement
+    cp = c.component_placement
     if isinstance(cp, dict):
         _require(bool(cp), "cluster.component_placement is an empty mapping; name a preset or map components to devices")
     else:
@@ -469,109 +533,17 @@ def validate(cfg: Config) -> None:
             f"cluster.component_placement={_show(cp)} is neither a preset ({', '.join(PLACEMENT_PRESETS)}) nor a "
             "mapping like {env: 0-3, rollout: 4-7, actor: all}",
         )
-    for name, shape in cfg.cluster.mesh.items():
+    for name, shape in c.mesh.items():
         _require(
             isinstance(shape, dict) and all(isinstance(v, int) for v in shape.values()),
             f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
-    _require(cfg.cluster.max_restarts >= 0, f"cluster.max_restarts={cfg.cluster.max_restarts} must be >= 0 (0 = never restart)")
-    s = cfg.sft
-    for name in ("dagger_rounds", "critic_warmup_steps"):
+    _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts} must be >= 0 (0 = never restart)")
+
+
+def _validate_sft(s) -> None:
+    for name in ("warm_start_steps", "dagger_rounds", "critic_warmup_steps"):
         _require(getattr(s, name) >= 0, f"sft.{name}={getattr(s, name)} must be >= 0 (0 = off)")
-    for name in ("dagger_episodes", "dagger_steps", "critic_warmup_episodes"):
+    for name in ("batch_size", "num_demos", "dagger_episodes", "dagger_steps", "critic_warmup_episodes"):
         _require(getattr(s, name) >= 1, f"sft.{name}={getattr(s, name)} must be >= 1")
-    _require(r.task in TASKS, f"runner.task={r.task!r} is unknown; choose one of {', '.join(TASKS)}")
-    if r.task in LM_TASKS:
-        validate_lm(cfg)
-    f = cfg.flow
-    _require(f.runner in FLOW_RUNNERS, f"flow.runner={f.runner!r} is unknown; choose one of {', '.join(FLOW_RUNNERS)}")
-    _require(f.num_micro_batches >= 1, f"flow.num_micro_batches={f.num_micro_batches} must be >= 1")
-    _require(
-        e.num_envs % f.num_micro_batches == 0,
-        f"env.num_envs={e.num_envs} is not divisible by flow.num_micro_batches={f.num_micro_batches}",
-    )
-    _require(f.max_staleness >= 0, f"flow.max_staleness={f.max_staleness} must be >= 0 (0 = on-policy)")
-
-
-def validate_lm(cfg: Config) -> None:
-    """The language-model sections (runner.task sft | reasoning). Algorithm names are
-    checked against the algorithm registry when the flow is built (it can be extended)."""
-    from rlinf_jax.data.config import DataConfig
-    from rlinf_jax.rewards.config import RewardConfig
-
-    d, m, a, ro, s = cfg.data, cfg.actor.model, cfg.algorithm, cfg.rollout, cfg.sft
-    o, actor = cfg.actor.optim, cfg.actor
-    data_fields = {f.name for f in dataclasses.fields(DataConfig)}
-    DataConfig(**{k: v for k, v in dataclasses.asdict(d).items() if k in data_fields}).validate()
-    RewardConfig(**dataclasses.asdict(cfg.reward)).validate()
-    for name in ("rollout_batch_size", "max_prompt_length"):
-        _require(getattr(d, name) >= 1, f"data.{name}={getattr(d, name)} must be >= 1")
-    _require(bool(d.tokenizer.strip()), "data.tokenizer is empty; use char or a local model directory")
-
-    _require(m.dtype in LM_DTYPES, f"actor.model.dtype={m.dtype!r} is unknown; choose one of {', '.join(LM_DTYPES)}")
-    _require(
-        m.lm_model_type in LM_MODEL_TYPES,
-        f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(LM_MODEL_TYPES)}",
-    )
-    for name in ("lm_vocab_size", "lm_hidden_size", "lm_intermediate_size", "lm_num_layers", "lm_num_heads",
-                 "lm_num_kv_heads", "lm_max_position_embeddings"):
-        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
-    _require(
-        m.lm_num_heads % m.lm_num_kv_heads == 0,
-        f"actor.model.lm_num_heads={m.lm_num_heads} must be a multiple of lm_num_kv_heads={m.lm_num_kv_heads}",
-    )
-    _require(
-        m.lm_hidden_size % m.lm_num_heads == 0 and (m.lm_hidden_size // m.lm_num_heads) % 2 == 0,
-        f"actor.model.lm_hidden_size={m.lm_hidden_size} must split into lm_num_heads={m.lm_num_heads} heads "
-        "of an even size",
-    )
-    _require(m.lora_rank >= 0, f"actor.model.lora_rank={m.lora_rank} must be >= 0 (0 = full fine-tuning)")
-    _require(math.isfinite(m.lora_alpha) and m.lora_alpha > 0, f"actor.model.lora_alpha={m.lora_alpha} must be > 0")
-
-    _require(o.warmup_steps >= 0, f"actor.optim.warmup_steps={o.warmup_steps} must be >= 0")
-    _require(math.isfinite(o.weight_decay) and o.weight_decay >= 0, f"actor.optim.weight_decay={o.weight_decay} must be >= 0")
-    _require(math.isfinite(o.critic_lr) and o.critic_lr > 0, f"actor.optim.critic_lr={o.critic_lr} must be > 0")
-    for name in ("global_batch_size", "micro_batch_size"):
-        _require(getattr(actor, name) >= 1, f"actor.{name}={getattr(actor, name)} must be >= 1")
-    _require(
-        actor.global_batch_size % actor.micro_batch_size == 0,
-        f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
-        f"{actor.micro_batch_size}; the micro-batches of a step must fill it exactly",
-    )
-
-    _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens={ro.max_new_tokens} must be >= 1")
-    for name in ("temperature", "eval_temperature"):
-        v = getattr(ro, name)
-        _require(math.isfinite(v) and v >= 0, f"rollout.{name}={v} must be >= 0 (0 = greedy)")
-    _require(0 < ro.top_p <= 1, f"rollout.top_p={ro.top_p} must be in (0, 1]")
-    _require(ro.top_k >= 0, f"rollout.top_k={ro.top_k} must be >= 0 (0 = off)")
-    _require(ro.eval_batch_size >= 1, f"rollout.eval_batch_size={ro.eval_batch_size} must be >= 1")
-
-    _require(s.warm_start_steps >= 0, f"sft.warm_start_steps={s.warm_start_steps} must be >= 0 (0 = none)")
     _require(math.isfinite(s.lr) and s.lr > 0, f"sft.lr={s.lr} must be > 0")
-    _require(s.batch_size >= 1, f"sft.batch_size={s.batch_size} must be >= 1")
-    if s.train_levels:
-        from rlinf_jax.data.math_tasks import check_levels
-
-        check_levels(s.train_levels)
-    if cfg.runner.task != "reasoning":
-        return
-
-    _require(a.group_size >= 1, f"algorithm.group_size={a.group_size} must be >= 1")
-    _require(
-        a.group_size >= 2 or a.adv_type not in GROUP_ADVANTAGES,
-        f"algorithm.adv_type={a.adv_type} compares the responses to one prompt and needs algorithm.group_size >= 2",
-    )
-    _require(0 < a.clip_low < 1, f"algorithm.clip_low={a.clip_low} must be in (0, 1)")
-    _require(math.isfinite(a.clip_high) and a.clip_high > 0, f"algorithm.clip_high={a.clip_high} must be > 0")
-    _require(a.dual_clip == 0 or a.dual_clip > 1, f"algorithm.dual_clip={a.dual_clip} must be 0 (off) or > 1")
-    _require(math.isfinite(a.kl_coef) and a.kl_coef >= 0, f"algorithm.kl_coef={a.kl_coef} must be >= 0 (0 = no KL)")
-    _require(a.max_resample >= 0, f"algorithm.max_resample={a.max_resample} must be >= 0")
-    _require(math.isfinite(a.value_clip) and a.value_clip >= 0, f"algorithm.value_clip={a.value_clip} must be >= 0 (0 = off)")
-    samples = d.rollout_batch_size * a.group_size
-    _require(
-        samples % actor.global_batch_size == 0,
-        f"data.rollout_batch_size * algorithm.group_size = {d.rollout_batch_size} * {a.group_size} = {samples} "
-        f"responses is not divisible by actor.global_batch_size={actor.global_batch_size}; each optimiser step "
-        "takes a mini-batch of global_batch_size responses",
-    )

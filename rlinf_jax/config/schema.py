@@ -1,16 +1,19 @@
 """The typed config schema: one dataclass per section.
 
 Every recipe in ``configs/`` is validated against these classes; a key that is not here
-is a typo, and a value of the wrong type is rejected before anything runs. Later
-workloads add sections next to these: the language-model tasks (``runner.task`` sft and
-reasoning) read ``data``, ``reward``, ``rollout`` and ``sft`` and the LM fields of ``actor``
-and ``algorithm``; the embodied task ignores them, and they ignore ``env``.
+is a typo, and a value of the wrong type is rejected before anything runs. The ``data``
+and ``reward`` sections are the data and reward layers' own config classes. Which keys
+each ``runner.task`` reads is declared by the task (``rlinf_jax.tasks``); a key a run would
+ignore is refused there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlinf_jax.data.config import DataConfig
+from rlinf_jax.rewards.config import RewardConfig
 
 
 @dataclass
@@ -82,7 +85,9 @@ class PolicyConfig:
     # checkpoint of an sft/reasoning run, a Hugging Face directory (config.json + safetensors)
     # or a converted directory (config.json + params/).
     path: str = ""
-    dtype: str = "float32"  # compute and storage dtype: float32 | bfloat16
+    # Language models: compute and storage dtype (float32 | bfloat16 | float16); a VLA:
+    # the backbone's compute dtype (float32 | bfloat16), its parameters stay float32.
+    dtype: str = "float32"
     lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3 | gemma
     lm_vocab_size: int = 100  # the character tokenizer's 100 ids
     lm_hidden_size: int = 256
@@ -145,7 +150,7 @@ class ActorConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "ppo"
+    name: str = "ppo"  # a label for people (run listings); adv_type and loss_type choose the maths
     adv_type: str = "gae"
     loss_type: str = "ppo"
     # Env steps per env per iteration (the rollout length T); GAE runs over all T.
@@ -215,51 +220,6 @@ class FlowConfig:
 
 
 @dataclass
-class DataSection:
-    """Mirrors ``rlinf_jax.data.DataConfig`` (lists for its tuples) plus the flow's batch settings."""
-
-    source: str = "procedural"  # procedural | files | reasoning_gym
-    train_path: str = ""
-    eval_path: str = ""
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    train_levels: list[int] = field(default_factory=lambda: [1])
-    eval_levels: list[int] = field(default_factory=lambda: [1])
-    heldout_fraction: float = 0.2
-    train_size: int = 10_000
-    eval_size: int = 200
-    reasoning_gym_task: str = ""
-    template: str = "math"  # plain | math | a text with {prompt}
-    use_chat_template: bool = False
-    system_prompt: str = ""
-    seed: int = 0
-    shuffle: bool = True
-    # "char" (the built-in character tokenizer) or a local model directory.
-    tokenizer: str = "char"
-    # Prompts per RL iteration (each sampled algorithm.group_size times).
-    rollout_batch_size: int = 32
-    # Longer prompts are an error (no silent truncation of a question).
-    max_prompt_length: int = 256
-
-
-@dataclass
-class RewardSection:
-    """Mirrors ``rlinf_jax.rewards.RewardConfig``."""
-
-    correct_reward: float = 1.0
-    wrong_reward: float = 0.0
-    fallback: str = "last_number"  # last_number | math_verify | none
-    fast_path: bool = True
-    format_reward: float = 0.0
-    format_tag: str = ""
-    overlong_max_len: int = 0  # DAPO overlong shaping; 0 = off
-    overlong_cache_len: int = 0
-    overlong_factor: float = 1.0
-    num_workers: int = -1  # checker processes: -1 = min(8, CPUs), 0 = in process
-    timeout_s: float = 5.0
-
-
-@dataclass
 class RolloutConfig:
     """Sampling of responses (training) and of evaluation answers."""
 
@@ -307,7 +267,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     flow: FlowConfig = field(default_factory=FlowConfig)
-    data: DataSection = field(default_factory=DataSection)
-    reward: RewardSection = field(default_factory=RewardSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -14,7 +14,8 @@ from rlinf_jax.data.datasets import (
 )
 from rlinf_jax.data.math_tasks import LEVELS, MathTaskGenerator, ProceduralMathDataset
 from rlinf_jax.data.templates import MATH_INSTRUCTION, TEMPLATES, PromptTemplate, boxed_response
-from rlinf_jax.data.tokenizers import get_tokenizer
+from rlinf_jax.data.hf_tokenizer import load_tokenizer
+from rlinf_jax.data.tokenizers import get_tokenizer, run_tokenizer
 
 __all__ = [
     "LEVELS",
@@ -33,5 +34,7 @@ __all__ = [
     "build_datasets",
     "eval_batches",
     "get_tokenizer",
+    "load_tokenizer",
     "load_prompt_dataset",
+    "run_tokenizer",
 ]

@@ -5,7 +5,7 @@ BPE vocabulary would waste most of its parameters on embeddings it never sees, a
 directory would be a download. One token per printable ASCII character keeps the vocabulary at
 100 and makes every digit its own token, which is what arithmetic wants.
 
-The surface follows the ``transformers`` tokenizer that ``rlinf_jax.policies.lm.load_tokenizer``
+The surface follows the ``transformers`` tokenizer that ``rlinf_jax.data.load_tokenizer``
 returns (``encode``, ``decode``, ``batch_decode``, ``__call__`` with left padding, the
 ``*_token_id`` attributes), so the trainer and the sampler can take either.
 """

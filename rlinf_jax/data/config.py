@@ -1,9 +1,13 @@
-"""Settings of the reasoning data layer (the ``data:`` section of a reasoning recipe)."""
+"""The ``data:`` section of a language-model recipe: where prompts come from, how they are
+rendered and tokenised, and how many an RL iteration takes. The config schema uses this
+class as the section itself, so there is one definition of every key."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rlinf_jax.data.math_tasks import check_levels
+from rlinf_jax.data.templates import template_text
 from rlinf_jax.errors import BadInput
 
 SOURCES = ("procedural", "files", "reasoning_gym")
@@ -20,8 +24,8 @@ class DataConfig:
     answer_key: str = "answer"
     # source=procedural: levels of rlinf_jax.data.math_tasks.LEVELS per split, and the share of
     # the problem space set aside for the held-out split.
-    train_levels: tuple[int, ...] = (1,)
-    eval_levels: tuple[int, ...] = (1,)
+    train_levels: list[int] = field(default_factory=lambda: [1])
+    eval_levels: list[int] = field(default_factory=lambda: [1])
     heldout_fraction: float = 0.2
     # source=procedural and reasoning_gym: dataset sizes.
     train_size: int = 10_000
@@ -34,11 +38,14 @@ class DataConfig:
     # Seeds the generator and the loader's per-epoch shuffles.
     seed: int = 0
     shuffle: bool = True
+    # "char" (the built-in character tokenizer) or a local model directory.
+    tokenizer: str = "char"
+    # Prompts per RL iteration (each sampled algorithm.group_size times).
+    rollout_batch_size: int = 32
+    # Longer prompts are an error (no silent truncation of a question).
+    max_prompt_length: int = 256
 
     def validate(self) -> DataConfig:
-        from rlinf_jax.data.math_tasks import check_levels
-        from rlinf_jax.data.templates import template_text
-
         if self.source not in SOURCES:
             raise BadInput(f"data.source={self.source!r} is unknown; use one of {', '.join(SOURCES)}")
         if self.source == "files" and not self.train_path:
@@ -49,12 +56,17 @@ class DataConfig:
             if not getattr(self, name):
                 raise BadInput(f"data.{name} is empty; name the record's field")
         if self.source == "procedural":
-            self.train_levels = check_levels(self.train_levels)
-            self.eval_levels = check_levels(self.eval_levels)
+            check_levels(self.train_levels)
+            check_levels(self.eval_levels)
         if not 0.0 < self.heldout_fraction < 1.0:
             raise BadInput(f"data.heldout_fraction={self.heldout_fraction} must lie strictly between 0 and 1")
         for name in ("train_size", "eval_size"):
             if getattr(self, name) <= 0:
                 raise BadInput(f"data.{name}={getattr(self, name)} must be positive")
+        for name in ("rollout_batch_size", "max_prompt_length"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"data.{name}={getattr(self, name)} must be >= 1")
+        if not self.tokenizer.strip():
+            raise BadInput("data.tokenizer is empty; use char or a local model directory")
         template_text(self.template)
         return self

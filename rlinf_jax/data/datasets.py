@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlinf_jax.data.math_tasks import ProceduralMathDataset
 from rlinf_jax.errors import BadInput
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -211,8 +212,6 @@ class ReasoningGymDataset(Sequence):
 def build_datasets(cfg):
     """``(train, eval)`` datasets for a ``DataConfig``; ``eval`` is None when files are the
     source and no ``eval_path`` is set."""
-    from rlinf_jax.data.math_tasks import ProceduralMathDataset
-
     cfg.validate()
     if cfg.source == "procedural":
         train = ProceduralMathDataset(cfg.train_size, cfg.train_levels, "train", cfg.seed, cfg.heldout_fraction)

@@ -25,6 +25,7 @@ from rlinf_jax.config.schema import EnvConfig
 from rlinf_jax.envs.base import Env
 from rlinf_jax.envs.brax_env import BRAX_BACKENDS, BraxEnv
 from rlinf_jax.envs.playground_env import PLAYGROUND_BACKENDS, PlaygroundEnv, playground_env_names
+from rlinf_jax.envs.tabletop import SPLITS, TabletopEnv
 from rlinf_jax.envs.wrappers import ActionRepeat, AutoReset, EpisodeStats, TimeLimit, VmapEnv
 from rlinf_jax.errors import BadInput
 
@@ -40,8 +41,6 @@ def _brax_env_names() -> list[str]:
 
 
 def _tabletop_env_names() -> list[str]:
-    from rlinf_jax.envs.tabletop.episodes import SPLITS
-
     return list(SPLITS)
 
 
@@ -87,8 +86,6 @@ def _make_base(cfg: EnvConfig) -> Env:
 
 
 def _make_tabletop(cfg: EnvConfig, num_envs: int, grouped: bool) -> Env:
-    from rlinf_jax.envs.tabletop import TabletopEnv
-
     # Groups of envs sharing a reset are a training device (GRPO); evaluation envs each
     # run their own episode.
     return TabletopEnv(

@@ -12,10 +12,11 @@ jitted program or a checkpoint is collective); only process 0 writes the run dir
 files for people (config.yaml, placement.json, metrics.jsonl, TensorBoard) and shows the
 progress bar. Checkpoints are saved and restored by all processes together.
 
-Each runner subclasses `HostLoop` for what is its own: how a chunk is run and reported,
-what is logged at step 0, which eval metric is the headline, what a checkpoint's metadata
-holds. Ctrl-C propagates as `KeyboardInterrupt` after the logs are closed; the CLI turns
-it into exit code 130 (and `TrainingDiverged` into 1).
+The trainer is any `rlinf_jax.flow.trainer.Trainer`. Each task subclasses `HostLoop` for
+what is its own: how a chunk is run and reported, what is logged at step 0, which eval
+metric is the headline, what placement.json says. Ctrl-C propagates as
+`KeyboardInterrupt` after the logs are closed; the CLI turns it into exit code 130 (and
+`TrainingDiverged` into 1).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import jax
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.progress import ProgressBar
+from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
 from rlinf_jax.runtime.checkpoint import ResumePoint
 from rlinf_jax.runtime.distributed import barrier, is_multiprocess, is_primary
@@ -103,48 +106,6 @@ def open_run_dir(cfg: Config) -> tuple[RunDir, ResumePoint | None]:
     return run_dir, resume_path
 
 
-class ProgressBar:
-    """A rich progress bar over steps showing the latest of some headline metrics."""
-
-    def __init__(self, total: int, start: int, enabled: bool, console, label: str, shown: dict[str, str], info: str):
-        self.progress = None
-        self.shown = shown
-        self.fields: dict[str, str] = {}
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.progress = Progress(
-                TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False,
-            )
-            self.task = self.progress.add_task(label, total=total, completed=start, info=info)
-
-    def __enter__(self):
-        if self.progress is not None:
-            self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
-    def update(self, step: int, metrics: dict) -> None:
-        if self.progress is None:
-            return
-        for key, label in self.shown.items():
-            if key in metrics:
-                v = metrics[key]
-                self.fields[label] = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
-        self.progress.update(self.task, completed=step, info="  ".join(f"{k} {v}" for k, v in self.fields.items()))
-
-
 @dataclass
 class LoopResult:
     run_dir: Path
@@ -158,11 +119,7 @@ class LoopResult:
 
 
 class HostLoop:
-    """Runs ``trainer`` under ``cfg``'s cadence; subclasses supply what their flow adds.
-
-    The trainer offers: init / start / snapshot / progress (step, bad iterations) /
-    run_eval(state, key) and whatever `run_chunk` calls.
-    """
+    """Runs ``trainer`` under ``cfg``'s cadence; subclasses supply what their task adds."""
 
     label: ClassVar[str] = "train"  # the progress bar's
     bar_info: ClassVar[str] = "compiling..."  # the bar's text before the first chunk
@@ -171,7 +128,7 @@ class HostLoop:
     unit: ClassVar[str] = "iterations"  # what the divergence error counts
     diverged_hint: ClassVar[str] = "Lower actor.optim.lr"
 
-    def __init__(self, cfg: Config, trainer, run_dir: RunDir, resume_path: ResumePoint | None, console=None):
+    def __init__(self, cfg: Config, trainer: Trainer, run_dir: RunDir, resume_path: ResumePoint | None, console=None):
         self.cfg, self.trainer, self.run_dir, self.resume_path = cfg, trainer, run_dir, resume_path
         self.console = console
         self.primary = is_primary()
@@ -180,15 +137,6 @@ class HostLoop:
     # ------------------------------------------------------------------ what subclasses add
     def write_placement(self, path: Path, metrics: dict | None = None) -> None:
         """placement.json (process 0 only); ``metrics``: the first chunk's, when it matters."""
-
-    def load_meta(self, meta: dict) -> None:
-        """A restored checkpoint's metadata (the data cursor of an LM run)."""
-
-    def checkpoint_meta(self) -> dict:
-        return {}
-
-    def compile(self, state) -> None:
-        """Compiles ahead of the first chunk (timed as ``compile_sec``); default: nothing."""
 
     def first_record(self, state) -> dict:
         """What is logged at step 0 of a fresh run."""
@@ -200,9 +148,6 @@ class HostLoop:
 
     def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
         """Adds what the runner derives from a chunk's wall time to ``metrics`` in place."""
-
-    def close(self) -> None:
-        """Releases what the trainer holds (checker processes)."""
 
     # ------------------------------------------------------------------ the loop
     def evaluate(self, state, step: int) -> dict:
@@ -223,7 +168,7 @@ class HostLoop:
             target = checkpoint_view(trainer.snapshot(state))
             ts, meta = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, target)
             state = trainer.start(ts)
-            self.load_meta(meta)
+            trainer.load_meta(meta)
             resumed_from = trainer.progress(state)[0]
 
         if primary:
@@ -241,7 +186,7 @@ class HostLoop:
             logger.truncate_after(-1)
 
         t0 = time.perf_counter()
-        self.compile(state)
+        trainer.compile(state, eval_key(cfg, 0))
         compile_sec = self.compile_sec = time.perf_counter() - t0
         barrier("compiled")  # hosts compile at their own pace; the first chunk runs in step
 
@@ -284,12 +229,12 @@ class HostLoop:
                     if due(step, cfg.runner.log_interval, final) or self.eval_metric in metrics:
                         logger.log(step, metrics)
                     if due(step, cfg.runner.save_interval, final):
-                        meta = {"step": step, **self.checkpoint_meta()}
+                        meta = {"step": step, **trainer.meta()}
                         checkpointer.save(step, checkpoint_state(trainer, state), meta)
                     bar.update(step, metrics)
         finally:
             logger.close()
-            self.close()
+            trainer.close()
         return LoopResult(
             run_dir=run_dir.path,
             step=step,

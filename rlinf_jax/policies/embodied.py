@@ -17,7 +17,10 @@ from typing import Any, Protocol
 import jax
 from flax import nnx
 
+from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
+from rlinf_jax.policies.vla.embodied import vla_policy
+from rlinf_jax.policies.vla.pi0_embodied import pi0_policy
 
 
 class EmbodiedPolicy(Protocol):
@@ -79,17 +82,14 @@ class GaussianMLPPolicy:
 
 def embodied_policy(cfg, env) -> EmbodiedPolicy:
     """The policy ``actor.model.kind`` names, sized for ``env``."""
-    from rlinf_jax.errors import BadInput
-
     kind = cfg.actor.model.kind
-    if kind == "mlp":
-        return GaussianMLPPolicy(cfg.actor.model, env.observation_size, env.action_size)
-    if kind == "vla":
-        from rlinf_jax.policies.vla.embodied import vla_policy
+    if kind not in POLICIES:
+        raise BadInput(f"actor.model.kind={kind!r} is not known for embodied runs; use {', '.join(POLICIES)}")
+    return POLICIES[kind](cfg, env)
 
-        return vla_policy(cfg, env)
-    if kind == "pi0":
-        from rlinf_jax.policies.vla.pi0_embodied import pi0_policy
 
-        return pi0_policy(cfg, env)
-    raise BadInput(f"actor.model.kind={kind!r} is not known for embodied runs; use mlp, vla or pi0")
+def mlp_policy(cfg, env) -> GaussianMLPPolicy:
+    return GaussianMLPPolicy(cfg.actor.model, env.observation_size, env.action_size)
+
+
+POLICIES = {"mlp": mlp_policy, "vla": vla_policy, "pi0": pi0_policy}

@@ -14,6 +14,7 @@ from rlinf_jax.rewards.answers import (
 from rlinf_jax.rewards.config import RewardConfig
 from rlinf_jax.rewards.pool import CheckerPool, call_with_timeout
 from rlinf_jax.rewards.reward_fn import RewardFunction, RewardResult
+from rlinf_jax.rewards.shaping import overlong_penalty
 
 __all__ = [
     "FALLBACKS",
@@ -27,4 +28,5 @@ __all__ = [
     "extract_answer",
     "format_ok",
     "last_number",
+    "overlong_penalty",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 from rlinf_jax.rewards.answers import MathAnswerChecker, format_ok
 from rlinf_jax.rewards.config import RewardConfig
 from rlinf_jax.rewards.pool import CheckerPool, call_with_timeout
+from rlinf_jax.rewards.shaping import overlong_penalty
 
 
 @dataclass
@@ -94,9 +95,7 @@ class RewardFunction:
         if cfg.overlong_max_len > 0:
             if lengths is None or len(lengths) != n:
                 raise ValueError("overlong shaping needs one response length per response")
-            from rlinf_jax.algos.dapo import overlong_penalty  # JAX: only imported when shaping is on
-
-            pen = np.asarray(overlong_penalty(np.asarray(lengths), cfg.overlong_max_len, cfg.overlong_cache_len), np.float32)
+            pen = overlong_penalty(lengths, cfg.overlong_max_len, cfg.overlong_cache_len)
             rewards = rewards + cfg.overlong_factor * pen
             metrics["reward/overlong_penalty"] = float(pen.mean()) if n else 0.0
             metrics["reward/overlong_frac"] = float((pen < 0).mean()) if n else 0.0

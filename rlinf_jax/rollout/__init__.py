@@ -1,4 +1,5 @@
-"""Rollout loops: env unrolls (and, later, the LM sampler)."""
+"""Rollouts: env unrolls and evaluation loops, the LM sampler and its text I/O, dataset
+scoring, DAPO's dynamic sampling, and the visits behaviour cloning and DAgger learn from."""
 
 from rlinf_jax.rollout.env_rollout import (
     Transition,

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.sharding.partition import DEFAULT_RULES, logical_to_spec, param_shardings
@@ -114,8 +115,6 @@ class Layout(NamedTuple):
 
     @classmethod
     def for_batch(cls, mesh, batch: int, kv_heads: int, rules=None) -> Layout:
-        from jax.sharding import NamedSharding, PartitionSpec
-
         rows = logical_to_spec(("batch",), mesh, rules, shape=(batch,))
         cache = logical_to_spec(("batch", "kv_heads"), mesh, rules, shape=(batch, kv_heads))
         return cls(NamedSharding(mesh, rows), NamedSharding(mesh, cache), NamedSharding(mesh, PartitionSpec()))

@@ -19,6 +19,7 @@ import itertools
 import os
 
 import jax
+from jax._src import distributed as jax_distributed  # the coordination client; no public API
 
 ENV_COORDINATOR = "RLINF_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "RLINF_NUM_PROCESSES"
@@ -93,8 +94,6 @@ def barrier(name: str, timeout_s: float = 1800.0) -> None:
     collective, so a process still compiling would sink the others.
     """
     if is_multiprocess():
-        from jax._src import distributed as jax_distributed
-
         # Coordination barriers are single-use; every process numbers them alike.
         key = f"rlinf:{name}:{next(_barrier_count)}"
         jax_distributed.global_state.client.wait_at_barrier(key, int(timeout_s * 1000))

@@ -16,6 +16,7 @@ from pathlib import Path
 from rlinf_jax.config.loader import config_to_yaml
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime.checkpoint import list_steps
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -81,6 +82,4 @@ class RunDir:
         return run_dir
 
     def has_checkpoints(self) -> bool:
-        from rlinf_jax.runtime.checkpoint import list_steps
-
         return bool(list_steps(self.checkpoints))

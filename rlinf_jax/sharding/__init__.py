@@ -8,6 +8,9 @@ from rlinf_jax.sharding.mesh import (
     batch_sharding,
     batch_spec,
     data_mesh,
+    fetch,
+    place_rows,
+    put,
     replicate,
     replicated,
     resolve_num_devices,
@@ -32,6 +35,7 @@ from rlinf_jax.sharding.partition import (
     param_shardings,
     rules_from_config,
     shard_params,
+    state_shardings,
 )
 from rlinf_jax.sharding.memory import host_memory_supported, park, unpark
 from rlinf_jax.sharding.reshard import reshard, sync_weights
@@ -60,6 +64,10 @@ __all__ = [
     "component_mesh",
     "data_mesh",
     "derive_mode",
+    "fetch",
+    "place_rows",
+    "put",
+    "state_shardings",
     "parse_ranks",
     "preset",
     "replicate",

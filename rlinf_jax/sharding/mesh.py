@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from rlinf_jax.errors import BadInput
@@ -120,8 +121,6 @@ def fetch(tree):
     """
     if jax.process_count() == 1:
         return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
     leaves, treedef = jax.tree.flatten(tree)
     out, gather = list(leaves), []
     for i, x in enumerate(leaves):
@@ -200,3 +199,11 @@ def put(tree, shardings):
         for i, v in zip(via_host, values):
             out[i] = _put_host_value(v, targets[i])
     return jax.tree.unflatten(treedef, out)
+
+
+def place_rows(tree, mesh: Mesh, rows: int):
+    """Leaves with ``rows`` leading rows split over the mesh's batch axes when they divide,
+    the rest replicated (through `put`, so it works across hosts)."""
+    split = rows % batch_divisor(mesh) == 0
+    bs, rep = batch_sharding(mesh), replicated(mesh)
+    return jax.tree.map(lambda x: put(x, bs if split and np.ndim(x) and np.shape(x)[0] == rows else rep), tree)

@@ -29,6 +29,7 @@ from types import MappingProxyType
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlinf_jax.errors import BadInput
@@ -57,8 +58,6 @@ def logical_axes(initializer, names: Sequence[str | None]):
     Same as `nnx.with_partitioning` but without flax's eager sharding (which would need a
     global mesh whose axes are the logical names).
     """
-    from flax import nnx
-
     return nnx.with_partitioning(initializer, tuple(names), eager_sharding=False)
 
 
@@ -152,8 +151,6 @@ def default_spec(shape, mesh: Mesh, min_size: int = 2**14) -> PartitionSpec:
 
 
 def _is_variable(x) -> bool:
-    from flax import nnx
-
     return isinstance(x, nnx.Variable)
 
 
@@ -171,8 +168,6 @@ def param_shardings(state_or_tree, mesh: Mesh, rules: Mapping | None = None, min
     `jax.ShapeDtypeStruct` (an `nnx.eval_shape` state), so a large model can be laid out
     before it exists. Annotated leaves follow ``rules``; the rest follow `default_spec`.
     """
-    from flax import nnx
-
     rules = DEFAULT_RULES if rules is None else rules
     tree = nnx.state(state_or_tree) if isinstance(state_or_tree, nnx.Module) else state_or_tree
 
@@ -193,8 +188,6 @@ def param_shardings(state_or_tree, mesh: Mesh, rules: Mapping | None = None, min
 
 def shard_params(tree, mesh: Mesh, rules: Mapping | None = None, min_size: int = 2**14):
     """``tree`` placed on `param_shardings`; a module comes back as a new, sharded module."""
-    from flax import nnx
-
     if isinstance(tree, nnx.Module):
         graphdef, state = nnx.split(tree)
         return nnx.merge(graphdef, shard_params(state, mesh, rules, min_size))
@@ -206,8 +199,6 @@ def init_sharded(make_model, mesh: Mesh, rules: Mapping | None = None, min_size:
 
     The layout comes from the abstract model, so no device ever holds the whole model.
     """
-    from flax import nnx
-
     graphdef, abstract = nnx.split(nnx.eval_shape(make_model))
     shardings = param_shardings(abstract, mesh, rules, min_size)
     state = jax.jit(lambda: nnx.split(make_model())[1], out_shardings=shardings)()
@@ -237,3 +228,25 @@ def rules_from_config(overrides: Mapping | None) -> dict[str, str | tuple[str, .
             raise BadInput(f"partition rules: {name} lists a mesh axis twice ({', '.join(axes)}); name each axis once")
         rules[name] = _entry(axes)
     return rules
+
+
+def state_shardings(tree, mesh: Mesh, rules: Mapping | None = None):
+    """`param_shardings` for optimiser states too: a leaf whose annotation does not fit its
+    shape (the empty placeholders ``optax.multi_transform`` keeps for another partition's
+    parameters) falls back to the size-based default rule."""
+    rules = DEFAULT_RULES if rules is None else rules
+
+    def one(leaf):
+        if isinstance(leaf, nnx.Variable):
+            if not hasattr(leaf.get_value(), "shape"):
+                return leaf  # an optax MaskedNode: no array, nothing to place
+            names = leaf.get_metadata().get("out_sharding")
+            shape = np.shape(leaf.get_value())
+            if names and len(names) == len(shape) and all(shape):
+                spec = logical_to_spec(names, mesh, rules, shape)
+            else:
+                spec = default_spec(shape, mesh)
+            return leaf.replace(NamedSharding(mesh, spec))
+        return NamedSharding(mesh, default_spec(np.shape(leaf), mesh))
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, nnx.Variable))

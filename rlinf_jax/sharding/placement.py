@@ -19,7 +19,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jax
 import numpy as np
+from jax.sharding import AxisType, Mesh
 
 from rlinf_jax.errors import BadInput
 
@@ -177,9 +179,6 @@ def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshe
 
 def component_mesh(placement: Placement, name: str, devices=None):
     """A `jax.sharding.Mesh` over the component's devices with its axis names (Auto axes)."""
-    import jax
-    from jax.sharding import AxisType, Mesh
-
     devices = jax.devices() if devices is None else devices
     c = placement.components[name]
     grid = np.array([devices[r] for r in c.devices]).reshape(tuple(c.mesh_shape.values()))

@@ -76,6 +76,8 @@ class TabletopEnv:
         }
         # The trainer's MLP path reads an int; a dict observation reports its parts instead.
         self.observation_size = self.observation_shapes
+        # Ids the instruction tokens take: what a policy's embedding table must hold.
+        self.vocab_size = language.vocab_size()
         self.model = mjx.put_model(scene.mj_model())
         self.rays = jnp.asarray(scene.camera_rays(c.image_size))
 

@@ -16,6 +16,7 @@ import importlib
 from pathlib import Path
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm.hf_checkpoint import read_hf_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,6 @@ def entry(model_type: str | None) -> Entry:
 
 
 def model_type_of(path) -> str | None:
-    from rlinf_jax.policies.lm.hf_checkpoint import read_hf_config
-
     return read_hf_config(path).get("model_type")
 
 

@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype, read_hf_config
+from rlinf_jax.policies.convert import keys
+from rlinf_jax.policies.lm.hf_checkpoint import dotted, fill_model, parse_dtype, read_hf_config, safetensors_files
 
 PARAMS_DIR = "params"
 SIDE_FILES = (
@@ -93,9 +94,6 @@ def model_from_checkpoint(path, build: Callable, hf: dict, key_map, what: str, d
     """``build(hf, dtype, param_dtype)`` laid out abstractly and filled from the safetensors
     files of ``path`` through the rows and skips ``key_map`` gives: every checkpoint key
     consumed or skipped by name, every parameter found, shapes checked (`keys.read_checkpoint`)."""
-    from rlinf_jax.policies.convert import keys
-    from rlinf_jax.policies.lm.hf_checkpoint import dotted, fill_model, safetensors_files
-
     param_dtype = param_dtype or dtype
     graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: build(hf, dtype, param_dtype)))
     targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}

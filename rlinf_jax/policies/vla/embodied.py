@@ -166,15 +166,19 @@ class ChunkVLAPolicy:
         return model(obs)[1]
 
 
-def vla_policy(cfg, env) -> ChunkVLAPolicy:
-    shapes = getattr(env, "observation_shapes", None) or getattr(env.unwrapped, "observation_shapes", None)
+def tabletop_spec(env, kind: str, suite: str) -> tuple[int, int, int, int]:
+    """``(image size, instruction vocabulary, chunk length, proprio size)`` of an env with
+    image, tokens and proprio observations: what a VLA policy is sized from."""
+    base = env.unwrapped
+    shapes = getattr(env, "observation_shapes", None) or getattr(base, "observation_shapes", None)
     if not isinstance(shapes, dict) or not {"image", "tokens", "proprio"} <= set(shapes):
         raise BadInput(
-            f"actor.model.kind=vla needs an env with image, tokens and proprio observations; "
-            f"env.suite={cfg.env.suite} has none (use env.suite=tabletop)"
+            f"actor.model.kind={kind} needs an env with image, tokens and proprio observations; "
+            f"env.suite={suite} has none (use env.suite=tabletop)"
         )
-    from rlinf_jax.envs.tabletop import vocab_size
+    return shapes["image"][0], int(base.vocab_size), int(getattr(base, "chunk_length", 1)), shapes["proprio"][0]
 
-    image_size = shapes["image"][0]
-    chunk = int(getattr(env.unwrapped, "chunk_length", 1))
-    return ChunkVLAPolicy(cfg.actor.model, image_size, vocab_size(), chunk, env.action_size, shapes["proprio"][0])
+
+def vla_policy(cfg, env) -> ChunkVLAPolicy:
+    image_size, vocab, chunk, proprio = tabletop_spec(env, "vla", cfg.env.suite)
+    return ChunkVLAPolicy(cfg.actor.model, image_size, vocab, chunk, env.action_size, proprio)

@@ -6,7 +6,7 @@ OFT: ``forward_chunk(...).value_hidden``). RLinf's sizes: ``hidden -> 512 -> 128
 with GELU. The output layer starts at zero so a fresh critic predicts 0 everywhere.
 
 ``BackboneLoRA``: low-rank adapters on the projections of any backbone (LM, vision
-towers, projector). It is ``flow.reasoning_lora.LoRA`` (frozen base, ``W + alpha / r * A
+towers, projector). It is ``policies.lm.lora.LoRA`` (frozen base, ``W + alpha / r * A
 @ B`` merged inside the jitted step, ``B = 0`` at the start) with the adapted kernels chosen
 by module name *and* path prefix, so e.g. only the LM, or the LM and the projector, get
 adapters while the ViTs stay frozen.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.reasoning_lora import LoRA, adapter_key
+from rlinf_jax.policies.lm.lora import LoRA, adapter_key
 from rlinf_jax.policies.lm.layers import INIT_STD, param
 
 

@@ -7,7 +7,7 @@ attention needs) denoises one action chunk ``[chunk_length, 7]`` conditioned on 
 proprioception as pi0's state token.
 
 - **Prompt**: ``num_patches`` image tokens then the instruction ids. The instruction
-  vocabulary is the tabletop's (`vocab_size()`) and the image token is the id just past it
+  vocabulary is the env's (`env.vocab_size`) and the image token is the id just past it
   (pi0's convention: an out-of-vocabulary id, looked up as 0 and replaced by the patch
   features). The env right-pads the instruction with id 0; the attention mask drops those
   slots and positions count real tokens only, so padding changes nothing.
@@ -36,7 +36,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig, RopeConfig
 from rlinf_jax.policies.vla import flow_steps
-from rlinf_jax.policies.vla.embodied import tower_config
+from rlinf_jax.policies.vla.embodied import tabletop_spec, tower_config
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 from rlinf_jax.policies.vla.pi0 import Pi0, Pi0Config, Prefix
 
@@ -187,13 +187,5 @@ class Pi0Policy:
 
 
 def pi0_policy(cfg, env) -> Pi0Policy:
-    shapes = getattr(env, "observation_shapes", None) or getattr(env.unwrapped, "observation_shapes", None)
-    if not isinstance(shapes, dict) or not {"image", "tokens", "proprio"} <= set(shapes):
-        raise BadInput(
-            f"actor.model.kind=pi0 needs an env with image, tokens and proprio observations; "
-            f"env.suite={cfg.env.suite} has none (use env.suite=tabletop)"
-        )
-    from rlinf_jax.envs.tabletop import vocab_size
-
-    chunk = int(getattr(env.unwrapped, "chunk_length", 1))
-    return Pi0Policy(cfg.actor.model, shapes["image"][0], vocab_size(), chunk, env.action_size, shapes["proprio"][0])
+    image_size, vocab, chunk, proprio = tabletop_spec(env, "pi0", cfg.env.suite)
+    return Pi0Policy(cfg.actor.model, image_size, vocab, chunk, env.action_size, proprio)

@@ -1,0 +1,54 @@
+"""Optimisers and the one guarded update every trainer and cloning loop takes.
+
+A step whose loss, gradients or resulting parameters are not all finite never reaches the
+parameters or the optimiser state: the update is computed, checked and either taken whole
+or dropped whole, inside the jitted step. Callers count the dropped steps
+(``train/skipped_updates``) and the host loop stops a run that keeps dropping them
+(`rlinf_jax.flow.host_loop.TrainingDiverged`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def finite(tree) -> jax.Array:
+    """True when every leaf of ``tree`` is finite."""
+    return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def select(pred, new, old):
+    """``new`` where ``pred`` else ``old``, leaf by leaf."""
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def guarded_update(tx: optax.GradientTransformation, grads, params, opt_state, loss):
+    """``tx``'s update of ``params`` by ``grads``, taken only when it is finite.
+
+    Returns ``(params, opt_state, ok)``; with ``ok`` False both come back unchanged.
+    """
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    ok = jnp.isfinite(loss) & finite(grads) & finite(new_params)
+    return select(ok, new_params, params), select(ok, new_opt_state, opt_state), ok
+
+
+def clipped_adam(lr: float, max_grad_norm: float, schedule: str = "constant", total_steps: int = 1):
+    """Global-norm clipping + Adam; ``schedule="linear"`` decays the rate to 0 over
+    ``total_steps`` updates."""
+    rate = lr if schedule == "constant" else optax.linear_schedule(lr, 0.0, total_steps)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(rate))
+
+
+def clipped_adamw(lr: float, max_grad_norm: float, weight_decay: float, warmup_steps: int,
+                  schedule: str = "constant", total_steps: int = 1):
+    """Global-norm clipping + AdamW with an optional linear warm-up and linear decay.
+
+    Returns ``(transform, schedule)``; the schedule is logged as ``train/lr``.
+    """
+    decay_steps = max(int(total_steps) - int(warmup_steps), 1)
+    tail = optax.linear_schedule(lr, 0.0, decay_steps) if schedule == "linear" else optax.constant_schedule(lr)
+    sched = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), tail], [warmup_steps]) if warmup_steps else tail
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=weight_decay)), sched

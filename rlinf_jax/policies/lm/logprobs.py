@@ -1,0 +1,67 @@
+"""Token log-probabilities of responses under a causal LM, and the value model's values.
+
+Sequences are laid out as ``[prompt | response]``: the prompt left-padded to a width ``P``
+(a sampler bucket), the response right-padded to ``N`` tokens with a mask. Response token
+``j`` sits at column ``P + j`` and is predicted by the hidden state at ``P + j - 1``, so the
+logits (and the value head) only ever run on the ``N`` columns ``P - 1 .. P + N - 2``: for a
+150k vocabulary the output projection of the prompt would be most of the work.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlinf_jax.policies.lm.model import CausalLM
+from rlinf_jax.policies.lm.value import ValueModel
+
+
+def response_hidden(model: CausalLM, prompt_ids, prompt_mask, tokens, response_mask):
+    """Final hidden states ``[B, N, embed]`` at the columns that predict each response token.
+
+    Column ``P - 1 + t`` predicts response token ``t``. The last response token predicts
+    nothing scored and, by causality, no scored column sees it, so it is left out of the
+    input; the model's last layer runs only on the ``N`` scored columns (``output_cols``).
+    """
+    P, N = prompt_ids.shape[1], tokens.shape[1]
+    ids = jnp.concatenate([prompt_ids, tokens[:, :-1]], axis=1)
+    mask = jnp.concatenate([prompt_mask, response_mask[:, :-1]], axis=1).astype(jnp.int32)
+    return model.hidden_states(ids, mask, output_cols=(P - 1, N))
+
+
+def token_logprobs(logits, tokens, temperature: float = 1.0):
+    """``(log pi(token), entropy)`` per position, ``[B, N]`` each, of ``softmax(logits / T)``.
+
+    The temperature is the sampler's: its log-probs are those of the scaled distribution.
+    """
+    scaled = logits / temperature if temperature not in (0.0, 1.0) else logits
+    logp_all = jax.nn.log_softmax(scaled, axis=-1)
+    logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
+    p = jnp.exp(logp_all)
+    entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), axis=-1)
+    return logp, entropy
+
+
+def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0):
+    """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``."""
+    h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["response_mask"])
+    return token_logprobs(model.logits(h), batch["tokens"], temperature)
+
+
+def values_of(value_model: ValueModel, batch: dict):
+    """V before each response token, ``[B, N]`` (float32)."""
+    h = response_hidden(
+        value_model.trunk, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["response_mask"]
+    )
+    return value_model.head(h)
+
+
+def chunked(fn, batch: dict, chunk: int):
+    """``fn(batch)`` evaluated ``chunk`` rows at a time (``lax.map``), to bound activation
+    memory of a forward pass over a whole rollout batch; outputs concatenated."""
+    B = next(iter(batch.values())).shape[0]
+    if chunk >= B or B % chunk:
+        return fn(batch)
+    parts = jax.tree.map(lambda x: x.reshape(B // chunk, chunk, *x.shape[1:]), batch)
+    out = jax.lax.map(fn, parts)
+    return jax.tree.map(lambda x: x.reshape(B, *x.shape[2:]), out)

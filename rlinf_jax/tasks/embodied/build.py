@@ -1,0 +1,32 @@
+"""The trainer of an embodied run: its setup (warm start included), then the layout that
+``cluster.component_placement`` names, or the one auto-placement measures fastest."""
+
+from __future__ import annotations
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime.distributed import is_multiprocess
+from rlinf_jax.sharding import Placement, resolve_num_devices
+from rlinf_jax.tasks.embodied.auto_placement import auto_placement
+from rlinf_jax.tasks.embodied.layouts import placed_trainer
+from rlinf_jax.tasks.embodied.setup import Setup, make_setup
+from rlinf_jax.tasks.embodied.warm_start import warm_start
+
+
+def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement | None = None, log=None):
+    """The trainer for ``cfg``; ``setup`` defaults to a fresh one with the run's warm start."""
+    if setup is None:
+        setup = warm_start(cfg, make_setup(cfg))
+    if placement is None and cfg.cluster.component_placement == "auto":
+        if is_multiprocess():
+            # Each process would time the candidates itself and might pick another one.
+            raise BadInput(
+                "cluster.component_placement=auto is not available in multi-host runs yet; "
+                "name a preset (collocated, disaggregated, hybrid) or a mapping"
+            )
+        plan = auto_placement(cfg, setup, resolve_num_devices(cfg.cluster.num_devices), log=log)
+        if log:
+            log(f"auto-placement: chose {plan.chosen.candidate.name} ({plan.placement.mode}) after {plan.profile_sec:.1f} s of profiling")
+        plan.trainer.auto_plan = plan
+        return plan.trainer
+    return placed_trainer(cfg, setup, placement)

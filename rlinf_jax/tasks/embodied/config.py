@@ -1,0 +1,96 @@
+"""The config keys an embodied run reads, by env suite and model kind, and the checks only
+this task can make."""
+
+from __future__ import annotations
+
+from rlinf_jax.config.reads import Reads
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.embodied import POLICIES
+from rlinf_jax.policies.mlp import ACTIVATIONS
+
+COMMON = {"runner.*", "cluster.*", "algorithm.name", "flow.*"}
+ENV = {
+    "env.suite", "env.name", "env.backend", "env.num_envs", "env.num_eval_envs", "env.episode_length",
+    "env.reset_mode", "env.action_repeat",
+}
+TABLETOP = {"env.chunk_length", "env.image_size", "env.group_size", "env.layout", "env.terminate_on_success"}
+PPO = {
+    "algorithm.adv_type", "algorithm.loss_type", "algorithm.rollout_length", "algorithm.update_epochs",
+    "algorithm.num_minibatches", "algorithm.gamma", "algorithm.gae_lambda", "algorithm.clip_eps",
+    "algorithm.entropy_coef", "algorithm.value_coef", "algorithm.reward_scale", "algorithm.normalize_advantages",
+    "algorithm.normalize_observations", "algorithm.bootstrap_on_truncation",
+    "actor.optim.lr", "actor.optim.max_grad_norm", "actor.optim.lr_schedule",
+}
+LM_SIZES = {
+    f"actor.model.lm_{k}"
+    for k in ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "max_position_embeddings")
+}
+TOWER = {f"actor.model.vla_{k}" for k in ("patch_size", "vision_hidden_size", "vision_layers", "vision_heads")}
+MODELS = {
+    "mlp": {
+        "actor.model.kind", "actor.model.policy_hidden_sizes", "actor.model.value_hidden_sizes",
+        "actor.model.activation", "actor.model.min_std", "actor.model.init_log_std",
+    },
+    "vla": {
+        "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla_n_bins",
+        "actor.model.vla_temperature", "actor.model.vla_logprob_level", *LM_SIZES, *TOWER,
+    },
+    "pi0": {"actor.model.kind", "actor.model.vla_logprob_level", *LM_SIZES, *TOWER} | {
+        f"actor.model.pi0_{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
+                                         "noise_level")
+    },
+}
+# The warm start of a VLA or pi0 (behaviour cloning / flow matching on the scripted expert).
+CLONING = {"sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.num_demos"}
+DAGGER_AND_CRITIC = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "dagger_steps", "critic_warmup_steps",
+                                          "critic_warmup_episodes")}
+# The backbone each model kind is built on; actor.model.lm_model_type may only name it.
+BACKBONES = {"vla": "llama", "pi0": "gemma"}
+
+HINTS = {
+    "algorithm.clip_low": "the embodied PPO clips both sides with algorithm.clip_eps",
+    "algorithm.clip_high": "the embodied PPO clips both sides with algorithm.clip_eps",
+    "algorithm.group_size": "groups of envs sharing an episode are env.group_size",
+    "actor.optim.warmup_steps": "the embodied optimiser has no warm-up (actor.optim.lr_schedule decays it)",
+    "actor.global_batch_size": "minibatches are algorithm.num_minibatches of the rollout",
+    "actor.micro_batch_size": "minibatches are algorithm.num_minibatches of the rollout",
+}
+
+
+def reads(cfg: Config) -> Reads:
+    kind = cfg.actor.model.kind
+    keys = COMMON | ENV | PPO | MODELS.get(kind, MODELS["mlp"])
+    if cfg.env.suite == "tabletop":
+        keys |= TABLETOP
+    if kind in ("vla", "pi0"):
+        keys |= CLONING
+    if kind == "vla":
+        keys |= DAGGER_AND_CRITIC
+    return Reads(frozenset(keys), HINTS)
+
+
+# Compute dtypes of the VLA backbone (its parameters stay float32).
+VLA_DTYPES = ("float32", "bfloat16")
+
+
+def check(cfg: Config) -> None:
+    m = cfg.actor.model
+    if m.kind not in POLICIES:
+        raise BadInput(f"actor.model.kind={m.kind!r} is unknown; choose {', '.join(POLICIES)}")
+    if m.kind == "mlp" and m.activation not in ACTIVATIONS:
+        raise BadInput(f"actor.model.activation={m.activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
+    if m.kind == "vla" and m.dtype not in VLA_DTYPES:
+        raise BadInput(f"actor.model.dtype={m.dtype!r} is unknown for a VLA; choose one of {', '.join(VLA_DTYPES)}")
+    if m.kind == "pi0" and m.vla_logprob_level != "chunk":
+        raise BadInput(
+            f"actor.model.vla_logprob_level={m.vla_logprob_level} applies to kind=vla; pi0's log-prob is per "
+            "chunk: set it to chunk"
+        )
+    backbone = BACKBONES.get(m.kind)
+    if backbone is not None and m.lm_model_type != backbone:
+        raise BadInput(
+            f"actor.model.lm_model_type={m.lm_model_type}: an actor.model.kind={m.kind} policy is built on a "
+            f"{backbone} backbone; set it to {backbone}"
+        )

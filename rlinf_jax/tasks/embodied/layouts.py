@@ -1,0 +1,44 @@
+"""An embodied trainer for a given placement: the fused single-jit `PPOTrainer` where it
+applies, the staged `StagedPPO` everywhere else."""
+
+from __future__ import annotations
+
+import jax
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.tasks.embodied.setup import Setup
+from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
+from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+
+
+def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
+    return resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
+
+
+def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None):
+    """The trainer of ``cfg`` on ``placement`` (default: ``cluster.component_placement``,
+    which must not be ``auto`` here).
+
+    Fused needs everything collocated, strictly on-policy and one micro-batch; it is the
+    fastest layout for small policies. Anything else runs as stages.
+    """
+    num_devices = resolve_num_devices(cfg.cluster.num_devices)
+    devices = jax.devices()[:num_devices]
+    if placement is None:
+        placement = resolve_embodied_placement(cfg, num_devices)
+    f = cfg.flow
+    fusable = placement.mode == "collocated" and f.num_micro_batches == 1 and f.max_staleness == 0
+    if f.runner == "fused" and not fusable:
+        raise BadInput(
+            f"flow.runner=fused needs a collocated placement, flow.num_micro_batches=1 and flow.max_staleness=0 "
+            f"(got {placement.mode}, {f.num_micro_batches}, {f.max_staleness}); use flow.runner=auto"
+        )
+    if f.runner == "fused" or (f.runner == "auto" and fusable):
+        trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices))
+    else:
+        trainer = StagedPPO(cfg, setup, placement, devices)
+    trainer.placement = placement
+    trainer.auto_plan = None
+    return trainer

@@ -1,0 +1,128 @@
+"""An embodied run from start to end: setup and warm start, the trainer its placement
+implies, and the host loop with what an embodied run adds (ahead-of-time compile, env-step
+throughput, the auto-placement plan's prediction beside what the first chunk measured)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
+from rlinf_jax.runtime.distributed import is_primary
+from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.setup import make_setup
+from rlinf_jax.tasks.embodied.warm_start import warm_start
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    steps: int
+    env_steps: int
+    eval_return: float | None
+    env_steps_per_sec: float
+    compile_sec: float
+    wall_sec: float
+    resumed_from: int | None
+
+    def text(self) -> str:
+        ret = "n/a" if self.eval_return is None else f"{self.eval_return:.1f}"
+        resumed = "" if self.resumed_from is None else f" (resumed from step {self.resumed_from})"
+        return (
+            f"[bold]done[/bold]: {self.steps} iterations, {self.env_steps:,} env steps{resumed}\n"
+            f"  final eval return  {ret}\n"
+            f"  env-steps/s        {self.env_steps_per_sec:,.0f}\n"
+            f"  compile time       {self.compile_sec:.1f} s\n"
+            f"  wall time          {self.wall_sec:.1f} s\n"
+            f"  saved in           {self.run_dir}"
+        )
+
+
+def placement_info(trainer, measured: float | None = None) -> dict:
+    """What placement.json holds: the layout, the runner, and auto-placement's plan."""
+    info = trainer.placement.to_json()
+    info["runner"] = type(trainer).__name__
+    info["num_micro_batches"] = trainer.cfg.flow.num_micro_batches
+    info["max_staleness"] = trainer.cfg.flow.max_staleness
+    if trainer.auto_plan is not None:
+        info["auto"] = trainer.auto_plan.to_json()
+        if measured is not None:
+            predicted = trainer.auto_plan.chosen.predicted_env_steps_per_sec
+            info["auto"]["measured_env_steps_per_sec"] = round(measured, 1)
+            info["auto"]["prediction_error"] = round(predicted / measured - 1.0, 4)
+    return info
+
+
+class EmbodiedLoop(HostLoop):
+    """The host loop of an embodied run: chunks are fused or staged PPO iterations."""
+
+    shown: ClassVar[dict[str, str]] = {"eval/return": "eval", "env/return": "return", "time/env_steps_per_sec": "steps/s"}
+    eval_metric = "eval/return"
+    diverged_hint = "Lower actor.optim.lr or check the env's rewards/observations"
+
+    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
+        measured = None if metrics is None else metrics["time/env_steps_per_sec"]
+        path.write_text(json.dumps(placement_info(self.trainer, measured), indent=2) + "\n")
+
+    def first_record(self, state) -> dict:
+        first = {"time/compile_sec": self.compile_sec}
+        warm = self.trainer.warm_start_metrics
+        if warm is not None:
+            # A warm-started policy is evaluated before RL touches it: the baseline the
+            # run's gain is measured from.
+            first.update(warm)
+            first.update(self.evaluate(state, 0))
+        plan = self.trainer.auto_plan
+        if plan is not None:
+            first["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
+            first["time/placement_profile_sec"] = plan.profile_sec
+        return first
+
+    def run_chunk(self, state, n: int):
+        state, sums = self.trainer.run_iterations(state, n)
+        metrics = self.trainer.summarize(sums, n)  # blocks until the chunk is done
+        metrics.update(self.trainer.flow_stats())
+        return state, metrics
+
+    def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
+        per_iteration = self.trainer.env_steps_per_iteration
+        metrics["time/env_steps_per_sec"] = n * per_iteration / dt
+        plan = self.trainer.auto_plan
+        if plan is not None and first_chunk:
+            # The plan's prediction next to what the first chunk actually ran at.
+            metrics["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
+            metrics["placement/measured_env_steps_per_sec"] = metrics["time/env_steps_per_sec"]
+            if self.primary:
+                self.write_placement(self.run_dir.path / "placement.json", metrics)
+        metrics["env/steps"] = step * per_iteration
+
+
+def run(cfg: Config, console=None) -> RunSummary:
+    """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
+    t_start = time.perf_counter()
+    enable_compilation_cache(cfg.runner.compilation_cache)
+    log = console.print if console is not None and cfg.runner.progress_bar and is_primary() else None
+    # Checked before minutes of warm start: a fresh start must not overwrite a run.
+    run_dir, resume_path = open_run_dir(cfg)
+    setup = make_setup(cfg)
+    if resume_path is None:  # a resumed run restores its parameters; a warm start would be lost
+        setup = warm_start(cfg, setup)
+    trainer = build_trainer(cfg, setup, log=log)
+    result = EmbodiedLoop(cfg, trainer, run_dir, resume_path, console).run()
+    per_iteration = trainer.env_steps_per_iteration
+    ran = result.step - result.start_step
+    return RunSummary(
+        run_dir=result.run_dir,
+        steps=result.step,
+        env_steps=result.step * per_iteration,
+        eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
+        env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+        compile_sec=result.compile_sec,
+        wall_sec=time.perf_counter() - t_start,
+        resumed_from=result.resumed_from,
+    )

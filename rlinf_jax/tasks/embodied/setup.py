@@ -1,0 +1,95 @@
+"""What every embodied trainer is built from: the envs, the policy adapter, the model graph
+and its initial parameters (after a warm start, when the run has one).
+
+Built once per run, before any trainer: the fused and staged trainers, every layout
+auto-placement profiles, and the VLA SFT run all take the same `Setup`, so a warm start
+or a model build never happens twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from flax import nnx
+
+from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES
+from rlinf_jax.config.schema import Config
+from rlinf_jax.envs import make_env, make_eval_env
+from rlinf_jax.envs.base import Env
+from rlinf_jax.envs.tabletop import SPLITS
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.optim import clipped_adam
+from rlinf_jax.policies.embodied import embodied_policy
+from rlinf_jax.runtime.distributed import local_devices_first
+
+
+@dataclass
+class Setup:
+    env: Env
+    eval_env: Env
+    policy: Any  # a `rlinf_jax.policies.embodied.EmbodiedPolicy`
+    graphdef: Any
+    params: Any  # the initial parameters: fresh, or what a warm start returned
+    # What a warm start measured (loss, accuracy, ...); None: the run has none. A
+    # warm-started policy is evaluated at step 0, the baseline RL's gain is read from.
+    warm_start_metrics: dict | None = None
+
+
+def make_setup(cfg: Config) -> Setup:
+    """The envs and a fresh model of ``actor.model`` seeded with ``runner.seed``."""
+    with local_devices_first():
+        env = make_env(cfg.env)
+        eval_env = make_eval_env(cfg.env)
+    policy = embodied_policy(cfg, env)
+    if cfg.algorithm.normalize_observations and not policy.normalizable_observations:
+        raise BadInput(
+            f"algorithm.normalize_observations=true but actor.model.kind={cfg.actor.model.kind} takes "
+            "structured observations; set algorithm.normalize_observations=false"
+        )
+    graphdef, params = nnx.split(policy.build(nnx.Rngs(cfg.runner.seed)))
+    return Setup(env, eval_env, policy, graphdef, params)
+
+
+def substeps(cfg: Config, env: Env) -> int:
+    """Simulator steps per policy step: repeated actions, or the sub-steps of a chunk."""
+    return cfg.env.action_repeat * int(getattr(env.unwrapped, "chunk_length", 1))
+
+
+def optimizer(cfg: Config):
+    """PPO's optimiser; a linear schedule decays over every minibatch update of the run."""
+    o, a = cfg.actor.optim, cfg.algorithm
+    total_updates = cfg.runner.max_steps * a.update_epochs * a.num_minibatches
+    return clipped_adam(o.lr, o.max_grad_norm, o.lr_schedule, total_updates)
+
+
+def group_size(cfg: Config, env: Env) -> int:
+    """Group advantages (GRPO and kin) on an env: every env runs exactly one episode per
+    iteration, and the ``env.group_size`` envs of a group share its reset, so an episode's
+    return is compared with its group's. 0 when the estimator is GAE-like."""
+    a = cfg.algorithm
+    if a.adv_type not in GROUP_OUTCOME_ADVANTAGES:
+        return 0
+    g = cfg.env.group_size
+    if g < 2 or env.num_envs % g:
+        raise BadInput(
+            f"algorithm.adv_type={a.adv_type} compares episodes within groups: set env.group_size >= 2 "
+            f"dividing env.num_envs={env.num_envs} (got {g})"
+        )
+    n = substeps(cfg, env)
+    if a.rollout_length * n != cfg.env.episode_length or cfg.env.reset_mode != "fresh":
+        raise BadInput(
+            f"algorithm.adv_type={a.adv_type} needs one whole episode per env per iteration: set "
+            f"algorithm.rollout_length x sub-steps per step ({a.rollout_length} x {n}) equal to "
+            f"env.episode_length={cfg.env.episode_length}, and env.reset_mode=fresh"
+        )
+    return g
+
+
+def split_eval_envs(cfg: Config) -> dict[str, Env]:
+    """One eval env per split of a benchmark that has them (the tabletop: train, vision,
+    semantic, execution), else none."""
+    if cfg.env.suite != "tabletop":
+        return {}
+    return {split: make_eval_env(dataclasses.replace(cfg.env, name=split)) for split in SPLITS}

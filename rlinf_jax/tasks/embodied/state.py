@@ -1,0 +1,46 @@
+"""What an embodied run carries from iteration to iteration, and what its checkpoints hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from rlinf_jax.envs import normalization
+from rlinf_jax.envs.base import Env, EnvState
+
+
+@struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    obs_stats: normalization.RunningStats
+    env_state: EnvState
+    key: jax.Array  # legacy uint32[2] key: a plain array, so checkpoints need no key codec
+    step: jax.Array
+    # Consecutive iterations in which some update was skipped for a non-finite loss/grad.
+    bad_iterations: jax.Array
+
+
+def stats_size(env: Env, normalizable: bool) -> int:
+    """Size of the observation statistics: structured observations are never normalised,
+    and a one-element placeholder keeps the state's shape the same for every policy."""
+    return env.observation_size if normalizable else 1
+
+
+def fresh_state(seed: int, env: Env, normalizable: bool, params, tx) -> TrainState:
+    """The state of step 0 around ``params``: new optimiser state, reset envs, the seed's key."""
+    key = jax.random.PRNGKey(seed)
+    key, reset_key = jax.random.split(key)
+    env_state = jax.jit(env.reset)(reset_key)
+    return TrainState(
+        params=params,
+        opt_state=tx.init(params),
+        obs_stats=normalization.init_stats(stats_size(env, normalizable)),
+        env_state=env_state,
+        key=key,
+        step=jnp.zeros((), jnp.int32),
+        bad_iterations=jnp.zeros((), jnp.int32),
+    )

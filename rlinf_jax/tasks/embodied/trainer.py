@@ -1,0 +1,159 @@
+"""The fused embodied trainer: env, rollout and actor collocated, a chunk of iterations in one
+`jax.jit` (the PureJaxRL / Brax way: no host round trip between iterations).
+
+The env batch is sharded over the mesh's batch axes and parameters laid out by the
+partition rules, so the same program runs on 1 or N devices. The maths is `ppo`'s; this
+class holds what is static (envs, model graph, optimiser, compiled programs) and offers the
+host loop's trainer protocol (`rlinf_jax.flow.trainer.Trainer`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlinf_jax.algos import get_advantage, get_policy_loss
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.rollout import episode_frames, evaluate_policy
+from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
+from rlinf_jax.sharding.mesh import put
+from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
+from rlinf_jax.tasks.embodied.setup import Setup
+from rlinf_jax.tasks.embodied.state import TrainState, fresh_state
+
+
+def check_batch(cfg: Config, setup: Setup, mesh) -> None:
+    """The env batches split over the mesh's devices and the rollout into minibatches."""
+    n = batch_divisor(mesh)
+    env, eval_env = setup.env, setup.eval_env
+    if env.num_envs % n:
+        raise BadInput(
+            f"env.num_envs={env.num_envs} is not divisible by the {n} devices of the mesh; "
+            f"use a multiple of {n} or set cluster.num_devices"
+        )
+    if eval_env.num_envs % n:
+        raise BadInput(
+            f"env.num_eval_envs={eval_env.num_envs} is not divisible by the {n} devices "
+            f"of the mesh; use a multiple of {n}"
+        )
+    batch, mbs = env.num_envs * cfg.algorithm.rollout_length, cfg.algorithm.num_minibatches
+    if batch % mbs:
+        raise BadInput(
+            f"env.num_envs * algorithm.rollout_length = {batch} is not divisible by algorithm.num_minibatches={mbs}"
+        )
+
+
+class PPOTrainer(Trainer):
+    def __init__(self, cfg: Config, setup: Setup, mesh):
+        check_batch(cfg, setup, mesh)
+        self.cfg, self.mesh = cfg, mesh
+        self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy
+        self.graphdef, self._init_params = setup.graphdef, setup.params
+        self.warm_start_metrics = setup.warm_start_metrics
+        self.split_eval_envs = setup_lib.split_eval_envs(cfg)
+        self.substeps = setup_lib.substeps(cfg, self.env)
+        settings = ppo.PPOSettings.from_config(cfg, self.env.num_envs, self.substeps, setup_lib.group_size(cfg, self.env))
+        self.env_steps_per_iteration = settings.batch_size * self.substeps
+        self.has_success = "success" in jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).info
+        self.rules = rules_from_config(cfg.cluster.partition_rules)
+        self.tx = setup_lib.optimizer(cfg)
+        mb_sharding = None
+        if settings.minibatch_size % batch_divisor(mesh) == 0:
+            mb_sharding = batch_sharding(mesh, batch_dim=1)
+        a = cfg.algorithm
+        self.learner = ppo.Learner(
+            self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
+            mb_sharding,
+        )
+        self.run_chunk = jax.jit(functools.partial(ppo.run_chunk, self.env, self.learner), donate_argnums=0)
+        self.evaluate = jax.jit(self._evaluate)
+
+    # ----------------------------------------------------------------- state
+    def init(self) -> TrainState:
+        # Fresh buffers: the chunk donates its state, and init() may be called again.
+        return self.place(self.fresh_state(jax.tree.map(jnp.copy, self._init_params)))
+
+    def fresh_state(self, params) -> TrainState:
+        return fresh_state(self.cfg.runner.seed, self.env, self.policy.normalizable_observations, params, self.tx)
+
+    def place(self, ts: TrainState) -> TrainState:
+        """Splits the env batch over the batch axes, lays parameters and optimiser state
+        out by the partition rules (replicated on a pure data mesh, FSDP-split on an
+        ``fsdp`` axis) and replicates the rest."""
+        rest = replicate(ts.replace(env_state=None, params=None, opt_state=None), self.mesh)
+        params, opt_state = (put(t, param_shardings(t, self.mesh, self.rules)) for t in (ts.params, ts.opt_state))
+        return rest.replace(
+            params=params, opt_state=opt_state, env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs)
+        )
+
+    # ------------------------------------------------------ what stages call
+    def learn(self, ts: TrainState, traj, last_obs, key):
+        return ppo.learn(self.learner, ts, traj, last_obs, key)
+
+    def policy_fn(self, params, stats):
+        return ppo.acting(self.learner, params, stats)
+
+    def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
+        return ppo.summarize(sums, num_iterations, self.substeps, self.has_success)
+
+    # ---------------------------------------------------------- trainer protocol
+    def start(self, ts: TrainState) -> TrainState:
+        """A (restored) checkpoint state -> the runner's state, placed on devices."""
+        return self.place(ts)
+
+    def progress(self, ts: TrainState) -> tuple[int, int]:
+        return int(ts.step), int(ts.bad_iterations)
+
+    def compile(self, ts: TrainState, eval_key) -> None:
+        """Compiles ahead of time so the first chunk's timing is pure execution."""
+        self._chunk = self.run_chunk.lower(ts, jnp.int32(1)).compile()
+        self._eval = self.evaluate.lower(ts.params, ts.obs_stats, eval_key).compile()
+
+    def run_iterations(self, ts: TrainState, n: int):
+        return self._chunk(ts, jnp.int32(n))
+
+    def run_eval(self, ts: TrainState, key) -> dict:
+        return self._eval(ts.params, ts.obs_stats, key)
+
+    def flow_stats(self) -> dict[str, float]:
+        return {}
+
+    # -------------------------------------------------------------- evaluation
+    def _deterministic(self, params, stats):
+        model = self.learner.model(params)
+        return lambda obs: self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
+
+    def episode_frames(self, params, stats, key, num_steps: int):
+        """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic
+        policy's eval episodes (envs with image observations only)."""
+        run = jax.jit(lambda p, k: episode_frames(self.eval_env, self._deterministic(p, stats), k, num_steps))
+        return run(params, key)
+
+    def _evaluate(self, params, stats, key):
+        policy = self._deterministic(params, stats)
+
+        def place(state):
+            bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())
+            return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs if x.ndim else rep), state)
+
+        ret, length, success = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length, place)
+        out = {
+            "eval/return": jnp.mean(ret),
+            "eval/return_std": jnp.std(ret),
+            "eval/episode_length": jnp.mean(length) * self.substeps,
+        }
+        if self.has_success:
+            out["eval/success"] = jnp.mean(success)
+        # Benchmarks with out-of-distribution splits report each one (ManiSkill-style).
+        for split, env in self.split_eval_envs.items():
+            if split == self.cfg.env.name:
+                split_success = success  # the main eval env already ran this split
+            else:
+                _, _, split_success = evaluate_policy(env, policy, key, self.cfg.env.episode_length, place)
+            out[f"eval/success/{split}"] = jnp.mean(split_success)
+        return out

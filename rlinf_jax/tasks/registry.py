@@ -1,0 +1,80 @@
+"""The tasks a run can be (``runner.task``), each a package of its own under ``tasks/``.
+
+The CLIs and the launcher look a task up here instead of branching on its name: its run
+(config -> summary), the device components its placement maps, and the config checks that
+need the task's own knowledge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_jax.config.loader import compose
+from rlinf_jax.config.reads import Reads, check_reads
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.tasks.embodied import config as embodied_config
+from rlinf_jax.tasks.embodied import run as embodied_run
+from rlinf_jax.tasks.embodied.staged import COMPONENTS as EMBODIED_COMPONENTS
+from rlinf_jax.tasks.reasoning import config as reasoning_config
+from rlinf_jax.tasks.reasoning import run as reasoning_run
+from rlinf_jax.tasks.sft import config as sft_config
+from rlinf_jax.tasks.sft import lm as sft_lm
+from rlinf_jax.tasks.sft import run as sft_run
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    # Trains (or resumes) the run; returns a summary whose ``text()`` the CLI prints.
+    run: Callable[..., Any]
+    # The device components ``cluster.component_placement`` maps for this run.
+    components: Callable[[Config], tuple[str, ...]]
+    # The config keys the run reads (the others it would ignore), and the checks of values
+    # that only the task can judge.
+    reads: Callable[[Config], Reads]
+    check: Callable[[Config], None]
+    article: str = "a"  # as the name is spoken: "an sft run"
+
+    def describe(self, cfg: Config) -> str:
+        kind = cfg.actor.model.kind
+        return f"{self.article} {self.name} run" + (f" of actor.model.kind={kind}" if kind != "mlp" else "")
+
+
+def _sft_components(cfg: Config) -> tuple[str, ...]:
+    # A VLA clones on the embodied layout (collocated); a language model has the actor alone.
+    return EMBODIED_COMPONENTS if cfg.actor.model.kind == "vla" else sft_lm.COMPONENTS
+
+
+TASKS: dict[str, Task] = {
+    "embodied": Task(
+        "embodied", embodied_run.run, lambda cfg: EMBODIED_COMPONENTS, embodied_config.reads, embodied_config.check,
+        "an",
+    ),
+    "sft": Task("sft", sft_run.run, _sft_components, sft_config.reads, sft_config.check, "an"),
+    "reasoning": Task(
+        "reasoning", reasoning_run.run, reasoning_config.components, reasoning_config.reads, reasoning_config.check
+    ),
+}
+
+
+def task_of(cfg: Config) -> Task:
+    try:
+        return TASKS[cfg.runner.task]
+    except KeyError:
+        raise BadInput(f"runner.task={cfg.runner.task!r} is unknown; choose one of {', '.join(TASKS)}") from None
+
+
+def load_run_config(config_name: str, overrides=(), config_dir=None, warn=None) -> Config:
+    """The config of a run from a recipe and overrides, checked against what its task reads:
+    a key set here that the task would ignore is bad input; keys a base recipe set that it
+    ignores are named in one line passed to ``warn``."""
+    cfg, origins = compose(config_name, overrides, config_dir)
+    task = task_of(cfg)
+    task.check(cfg)
+    note = check_reads(cfg, origins, task.reads(cfg), task.describe(cfg))
+    if note is not None and warn is not None:
+        warn(note)
+    return cfg

@@ -1,0 +1,116 @@
+"""The config keys an sft run reads: a language model's, or a VLA's cloning keys."""
+
+from __future__ import annotations
+
+import math
+
+from rlinf_jax.config.reads import Reads
+from rlinf_jax.config.schema import Config
+from rlinf_jax.data.math_tasks import check_levels
+from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm import SUPPORTED_MODEL_TYPES
+from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype
+from rlinf_jax.tasks.embodied import config as embodied
+
+# A language model, as a reasoning run reads it too.
+LM_MODEL = {
+    "actor.model.path", "actor.model.dtype", "actor.model.lora_rank", "actor.model.lora_alpha",
+    "actor.model.lm_vocab_size", "actor.model.lm_tie_word_embeddings", *embodied.LM_SIZES,
+}
+LM_OPTIM = {
+    "actor.optim.lr", "actor.optim.max_grad_norm", "actor.optim.lr_schedule", "actor.optim.warmup_steps",
+    "actor.optim.weight_decay", "actor.global_batch_size", "actor.micro_batch_size",
+}
+LM_EVAL = {"rollout.max_new_tokens", "rollout.eval_temperature", "rollout.eval_batch_size", "rollout.top_p",
+           "rollout.top_k", "reward.*"}
+LM = {"runner.*", "cluster.*", "algorithm.name", *LM_MODEL, *LM_OPTIM, *LM_EVAL} | {
+    f"data.{k}" for k in ("source", "train_path", "eval_path", "prompt_key", "answer_key", "train_levels",
+                          "eval_levels", "heldout_fraction", "train_size", "eval_size", "reasoning_gym_task",
+                          "template", "use_chat_template", "system_prompt", "seed", "shuffle", "tokenizer",
+                          "max_prompt_length")
+}
+LM_HINTS = {
+    "sft.lr": "an sft run learns at actor.optim.lr (sft.* configure the warm start of an RL run)",
+    "sft.batch_size": "an sft run takes actor.global_batch_size examples per step",
+    "sft.warm_start_steps": "an sft run trains for runner.max_steps steps",
+    "data.rollout_batch_size": "an sft run takes actor.global_batch_size examples per step",
+    "rollout.temperature": "an sft run samples only to evaluate, at rollout.eval_temperature",
+}
+# Cloning a VLA: the embodied run's env and model, the sft section's optimiser settings.
+VLA = {
+    "runner.*", "cluster.*", "algorithm.name", "algorithm.normalize_observations", "flow.runner",
+    "actor.optim.max_grad_norm", "sft.lr", "sft.batch_size", "sft.num_demos", "sft.dagger_rounds",
+    "sft.dagger_episodes", "sft.dagger_steps",
+    *embodied.ENV, *embodied.TABLETOP, *embodied.MODELS["vla"],
+}
+VLA_HINTS = {
+    "actor.optim.lr": "an sft run of a VLA clones at sft.lr",
+    "sft.warm_start_steps": "an sft run of a VLA clones for runner.max_steps steps",
+}
+# Model kinds an sft run can train besides a language model (the default, kind=mlp: no
+# embodied model is named).
+KINDS = ("mlp", "vla")
+
+
+def reads(cfg: Config) -> Reads:
+    if cfg.actor.model.kind == "vla":
+        return Reads(frozenset(VLA), VLA_HINTS)
+    return Reads(frozenset(LM), LM_HINTS)
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise BadInput(msg)
+
+
+def check_lm(cfg: Config) -> None:
+    """The language-model sections of an sft or reasoning run."""
+    m, actor, ro = cfg.actor.model, cfg.actor, cfg.rollout
+    cfg.data.validate()
+    cfg.reward.validate()
+    try:
+        parse_dtype(m.dtype)
+    except BadInput as e:
+        raise BadInput(f"actor.model.{e}") from None
+    _require(
+        m.lm_model_type in SUPPORTED_MODEL_TYPES,
+        f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+    )
+    _require(
+        m.lm_num_heads % m.lm_num_kv_heads == 0,
+        f"actor.model.lm_num_heads={m.lm_num_heads} must be a multiple of lm_num_kv_heads={m.lm_num_kv_heads}",
+    )
+    _require(
+        m.lm_hidden_size % m.lm_num_heads == 0 and (m.lm_hidden_size // m.lm_num_heads) % 2 == 0,
+        f"actor.model.lm_hidden_size={m.lm_hidden_size} must split into lm_num_heads={m.lm_num_heads} heads "
+        "of an even size",
+    )
+    for name in ("global_batch_size", "micro_batch_size"):
+        _require(getattr(actor, name) >= 1, f"actor.{name}={getattr(actor, name)} must be >= 1")
+    _require(
+        actor.global_batch_size % actor.micro_batch_size == 0,
+        f"actor.global_batch_size={actor.global_batch_size} is not divisible by actor.micro_batch_size="
+        f"{actor.micro_batch_size}; the micro-batches of a step must fill it exactly",
+    )
+    _require(ro.max_new_tokens >= 1, f"rollout.max_new_tokens={ro.max_new_tokens} must be >= 1")
+    for name in ("temperature", "eval_temperature"):
+        v = getattr(ro, name)
+        _require(math.isfinite(v) and v >= 0, f"rollout.{name}={v} must be >= 0 (0 = greedy)")
+    _require(0 < ro.top_p <= 1, f"rollout.top_p={ro.top_p} must be in (0, 1]")
+    _require(ro.top_k >= 0, f"rollout.top_k={ro.top_k} must be >= 0 (0 = off)")
+    _require(ro.eval_batch_size >= 1, f"rollout.eval_batch_size={ro.eval_batch_size} must be >= 1")
+    if cfg.sft.train_levels:
+        check_levels(cfg.sft.train_levels)
+
+
+def check(cfg: Config) -> None:
+    kind = cfg.actor.model.kind
+    if kind not in KINDS:
+        raise BadInput(
+            f"runner.task=sft trains a language model or clones a VLA (actor.model.kind=vla), not "
+            f"actor.model.kind={kind}; pi0 warm-starts inside its RL run (sft.warm_start_steps)"
+        )
+    if kind == "vla":
+        embodied.check(cfg)
+    else:
+        check_lm(cfg)

@@ -1,0 +1,121 @@
+"""What an sft and a reasoning run share before training: data, model, tokenizer, prompt
+encoder, LoRA, the sampler that evaluates (and, in RL, generates), and the reward that
+scores answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.data import PromptDataset, PromptLoader, build_datasets, run_tokenizer
+from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.policies.lm import LMConfig
+from rlinf_jax.policies.lm.lora import LoRA
+from rlinf_jax.rewards import RewardFunction
+from rlinf_jax.rewards.split import SplitRewards
+from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_tokens
+from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+from rlinf_jax.sharding.mesh import fetch
+from rlinf_jax.tasks.sft.lm_model import checkpoint_meta, load_policy
+
+
+@dataclass
+class LMSetup:
+    train_ds: PromptDataset
+    eval_ds: PromptDataset | None
+    model_source: str  # where the weights came from, for people
+    lm_config: LMConfig
+    tokenizer: Any
+    encoder: PromptEncoder
+    graphdef: Any
+    params: dict  # {"policy": nnx.State} (+ "lora": adapters; the policy is then frozen)
+    lora: LoRA | None
+    meta: dict  # what every checkpoint's metadata carries (model config, tokenizer, LoRA)
+    sampler: Sampler
+    reward_fn: SplitRewards
+    stop_tokens: tuple[int, ...]
+
+    def eval_sampling(self, cfg: Config) -> SamplingParams:
+        ro = cfg.rollout
+        return SamplingParams(ro.max_new_tokens, ro.eval_temperature, ro.top_p, ro.top_k, self.stop_tokens)
+
+
+def make_lm_setup(cfg: Config, sampler_mesh, rules) -> LMSetup:
+    """Data first (a bad file fails before any model is built), then the model of
+    ``actor.model``, its tokenizer, LoRA adapters when ``actor.model.lora_rank`` > 0, the
+    sampler on ``sampler_mesh`` and the reward function of ``reward``."""
+    train_ds, eval_ds = build_datasets(cfg.data)
+    loaded = load_policy(cfg)
+    tokenizer = run_tokenizer(cfg.data.tokenizer, loaded.model.config.vocab_size)
+    graphdef, policy = nnx.split(loaded.model)
+    params = {"policy": policy}
+    meta = checkpoint_meta(loaded.model, cfg.data.tokenizer)
+    lora = None
+    m = cfg.actor.model
+    if m.lora_rank > 0:
+        # The policy trains through adapters only; the base stays frozen.
+        lora = LoRA(policy, m.lora_rank, m.lora_alpha)
+        params["lora"] = lora.init(jax.random.PRNGKey(cfg.runner.seed + 1))
+        meta["lora"] = lora.meta()
+    return LMSetup(
+        train_ds=train_ds,
+        eval_ds=eval_ds,
+        model_source=loaded.source,
+        lm_config=loaded.model.config,
+        tokenizer=tokenizer,
+        encoder=PromptEncoder(cfg.data, tokenizer),
+        graphdef=graphdef,
+        params=params,
+        lora=lora,
+        meta=meta,
+        sampler=make_sampler(loaded.model, pad_id(tokenizer), sampler_mesh, rules),
+        reward_fn=SplitRewards(RewardFunction(cfg.reward)),
+        stop_tokens=stop_tokens(tokenizer),
+    )
+
+
+class LMTrainer(Trainer):
+    """What the sft and reasoning trainers share: the data cursor and model config in each
+    checkpoint's metadata, progress read from the state, the reward's processes closed."""
+
+    task: str  # the runner.task the checkpoints record
+    lm: LMSetup
+    loader: PromptLoader
+
+    def meta(self) -> dict:
+        return {**self.lm.meta, "loader": self.loader.state_dict(), "task": self.task}
+
+    def load_meta(self, meta: dict) -> None:
+        if "loader" in meta:
+            self.loader.load_state_dict(meta["loader"])
+
+    def progress(self, ts) -> tuple[int, int]:
+        step, bad = fetch((ts.step, ts.bad_iterations))
+        return int(step), int(bad)
+
+    def close(self) -> None:
+        self.lm.reward_fn.close()
+
+
+def policy_weights(lora: LoRA | None, params: dict):
+    """The policy's weights: the parameters, or the frozen base merged with the adapters."""
+    if lora is None:
+        return params["policy"]
+    return lora.merge(jax.lax.stop_gradient(params["policy"]), params["lora"])
+
+
+def param_labels(params: dict) -> dict:
+    """Each top-level part of the parameters (policy, lora, value) labelled by its name."""
+    return {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
+
+
+def lm_transform(tx, lora: LoRA | None, **others) -> optax.GradientTransformation:
+    """``tx`` on the policy (or on its adapters, the base frozen) and ``others`` on the
+    parts of those names (e.g. ``value=...``)."""
+    parts = {"policy": tx} if lora is None else {"policy": optax.set_to_zero(), "lora": tx}
+    return optax.multi_transform({**parts, **others}, param_labels)
