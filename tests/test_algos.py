@@ -64,15 +64,15 @@ def test_gae_matches_naive_loop(seed, T, B, gamma, lam):
 
 def test_ppo_policy_loss_hand_example():
     # ratios: e^0.5=1.6487 (A=+1, clipped at 1.2), e^-0.5=0.6065 (A=-2: min(-1.213, -1.6) = -1.6),
-    # 1.0 (A=3). loss = -mean(1.2, -1.6, 3.0) = -0.8667; 2 of 3 ratios lie outside [0.8, 1.2].
-    logp = np.array([0.5, -0.5, 0.0])
-    old = np.zeros(3)
+    # e^0.1 = 1.1052 (A=3, inside the band). loss = -mean(1.2, -1.6, 3.3155); the clipped
+    # term is the one taken for the first two tokens.
+    logp = np.array([0.5, -0.5, 0.2])
+    old = np.array([0.0, 0.0, 0.1])
     adv = np.array([1.0, -2.0, 3.0])
     loss, m = ppo_policy_loss(logp, old, adv, clip_low=0.2, clip_high=0.2)
-    assert float(loss) == pytest.approx(-(1.2 - 1.6 + 3.0) / 3, rel=1e-5)
+    assert float(loss) == pytest.approx(-(1.2 - 1.6 + 3.0 * np.exp(0.1)) / 3, rel=1e-5)
     assert float(m["clip_fraction"]) == pytest.approx(2 / 3)
-    kl = np.mean((np.exp(logp) - 1) - logp)
-    assert float(m["approx_kl"]) == pytest.approx(kl, rel=1e-5)
+    assert float(m["approx_kl"]) == pytest.approx(np.mean(old - logp), abs=1e-7)  # k1
 
 
 def test_ppo_policy_loss_mask_ignores_padding():

@@ -5,6 +5,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -77,17 +78,19 @@ def naive_rtg(rew, mask, gamma):
     return G
 
 
-def naive_whiten(G, mask, eps):
+def naive_whiten(G, mask, eps, floor=False):
+    """(G - mean) / sqrt(var + eps), or / sqrt(max(var, eps)) with ``floor``, over valid tokens."""
     vals = [G[b, t] for b in range(G.shape[0]) for t in range(G.shape[1]) if mask[b, t]]
     if not vals:
         return np.zeros_like(G)
     mean = sum(vals) / len(vals)
     var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    scale = math.sqrt(max(var, eps)) if floor else math.sqrt(var + eps)
     out = np.zeros_like(G)
     for b in range(G.shape[0]):
         for t in range(G.shape[1]):
             if mask[b, t]:
-                out[b, t] = (G[b, t] - mean) / math.sqrt(var + eps)
+                out[b, t] = (G[b, t] - mean) / scale
     return out
 
 
@@ -200,7 +203,7 @@ def test_reinforce_pp_hand_example():
 def test_reinforce_pp_matches_naive(seed, B, L, gamma):
     rng, mask = seq_batch(seed, B, L)
     rew = rng.normal(size=(B, L))
-    ref = naive_whiten(naive_rtg(rew, mask, gamma), mask, 1e-8)
+    ref = naive_whiten(naive_rtg(rew, mask, gamma), mask, 1e-8, floor=True)
     out = np.asarray(reinforce_pp(rew, mask, gamma=gamma))
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3)
     junk = np.where(mask > 0, rew, 1e6)
@@ -221,9 +224,47 @@ def test_reinforce_pp_baseline_matches_naive(seed, groups, g, L, gamma):
         valid = [t for t in range(L) if mask[b, t]]
         if valid:
             shaped[b, valid[-1]] -= base
-    ref = naive_whiten(naive_rtg(shaped, mask, gamma), mask, 1e-8)
+    ref = naive_whiten(naive_rtg(shaped, mask, gamma), mask, 1e-8, floor=True)
     out = np.asarray(reinforce_pp_baseline(rew, mask, g, gamma=gamma))
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-3)
+
+
+def test_whiten_follows_verl_and_openrlhf():
+    from rlinf_jax.algos import whiten
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 5)) * 2 + 1
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], np.float32)
+    vals = x[mask > 0]
+    # veRL's masked_whiten: unbiased variance + eps inside the root.
+    ref = (x - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8) * mask
+    np.testing.assert_allclose(np.asarray(whiten(x, mask)), ref, rtol=1e-5, atol=1e-6)
+    # OpenRLHF / RLinf REINFORCE++: population variance floored at eps.
+    ref = (x - vals.mean()) / np.sqrt(max(vals.var(), 1e-8)) * mask
+    np.testing.assert_allclose(np.asarray(whiten(x, mask, floor=True)), ref, rtol=1e-5, atol=1e-6)
+    # A constant batch: the floor keeps it finite (0 / 1e-4 = 0).
+    assert np.all(np.asarray(whiten(np.ones((2, 2)), np.ones((2, 2)), floor=True)) == 0)
+
+
+def test_reinforce_pp_baseline_subtracts_the_outcomes_mean_before_the_penalty():
+    # Two groups of 2; outcomes on the last valid token, a penalty on every token. The
+    # baseline is the group mean of the outcomes alone; the penalty is added afterwards.
+    rng = np.random.default_rng(3)
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+    outcome = np.zeros((4, 4), np.float32)
+    last = [2, 1, 3, 0]
+    scores = np.array([1.0, 0.0, 0.5, 2.0], np.float32)
+    outcome[np.arange(4), last] = scores
+    penalty = rng.normal(size=(4, 4)).astype(np.float32) * mask
+    shaped = outcome + penalty
+    for b in range(4):
+        shaped[b, last[b]] -= scores[2 * (b // 2) : 2 * (b // 2) + 2].mean()
+    ref = naive_whiten(naive_rtg(shaped, mask, 1.0), mask, 1e-8, floor=True)
+    out = np.asarray(reinforce_pp_baseline(outcome, mask, 2, token_penalty=penalty))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    # Folding the penalty into the rewards first would move the baseline: not the same.
+    folded = np.asarray(reinforce_pp_baseline(outcome + penalty, mask, 2))
+    assert np.abs(folded - out).max() > 1e-3
 
 
 # ------------------------------------------------------------------ aggregation
@@ -282,7 +323,11 @@ def test_ppo_asymmetric_and_dual_clip_hand_example():
     lp, old, adv = np.array([0.2, 1.5]), np.zeros(2), np.array([1.0, -1.0])
     loss, m = ppo_policy_loss(lp, old, adv, clip_low=0.2, clip_high=0.28)
     assert float(loss) == pytest.approx((-math.exp(0.2) + math.exp(1.5)) / 2, rel=1e-5)
-    assert float(m["clip_fraction"]) == pytest.approx(0.5)
+    # Neither token takes the clipped term (the second's ratio is outside the band, but
+    # with A < 0 the unclipped term is the larger): no clipping to count.
+    assert float(m["clip_fraction"]) == 0.0
+    _, m = ppo_policy_loss(lp, old, adv, clip_low=0.2, clip_high=0.2)
+    assert float(m["clip_fraction"]) == pytest.approx(0.5)  # 0.2 clips the first
     loss, m = ppo_policy_loss(lp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
     assert float(loss) == pytest.approx((-math.exp(0.2) + 3.0) / 2, rel=1e-5)
     assert float(m["dual_clip_fraction"]) == pytest.approx(0.5)
@@ -303,10 +348,15 @@ def test_ppo_matches_naive_and_ignores_masked(seed, B, L, cl, ch, dual, agg):
     lp, olp, adv = rng.normal(size=(B, L)) * 0.5, rng.normal(size=(B, L)) * 0.5, rng.normal(size=(B, L))
     loss, m = ppo_policy_loss(lp, olp, adv, mask, cl, ch, dual, agg)
     assert float(loss) == pytest.approx(naive_ppo(lp, olp, adv, mask, cl, ch, dual, agg), rel=1e-4, abs=1e-5)
-    ratios = [math.exp(lp[b, t] - olp[b, t]) for b in range(B) for t in range(L) if mask[b, t]]
-    if ratios:
-        frac = sum(r < 1 - cl or r > 1 + ch for r in ratios) / len(ratios)
-        kl = sum(r - 1 - math.log(r) for r in ratios) / len(ratios)
+    valid = [(b, t) for b in range(B) for t in range(L) if mask[b, t]]
+    if valid:
+        # The peers' definitions: the clipped term taken; k1 = mean(old - new).
+        def taken(b, t):
+            r = math.exp(lp[b, t] - olp[b, t])
+            return -adv[b, t] * min(max(r, 1 - cl), 1 + ch) > -adv[b, t] * r
+
+        frac = sum(taken(b, t) for b, t in valid) / len(valid)
+        kl = sum(olp[b, t] - lp[b, t] for b, t in valid) / len(valid)
         assert float(m["clip_fraction"]) == pytest.approx(frac, abs=1e-6)
         assert float(m["approx_kl"]) == pytest.approx(kl, rel=1e-3, abs=1e-5)
     # Perturbing masked-out positions (even to inf/nan) changes nothing.
@@ -328,6 +378,17 @@ def test_dual_clip_never_binds_for_positive_advantages(seed, n, c):
     dual, m = ppo_policy_loss(lp, olp, adv, dual_clip=c)
     assert float(dual) == float(plain)
     assert float(m["dual_clip_fraction"]) == 0.0
+
+
+def test_log_ratio_is_clamped_before_exp():
+    # As veRL and OpenRLHF: |log ratio| > 20 is clamped, so a token whose probability
+    # moved by e^25 gives an e^20-sized loss and no gradient instead of an e^25 one.
+    lp, old, adv = np.array([25.0]), np.array([0.0]), np.array([-1.0])
+    loss, m = ppo_policy_loss(lp, old, adv)
+    assert float(loss) == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert float(m["approx_kl"]) == pytest.approx(-20.0)
+    grad = jax.grad(lambda x: ppo_policy_loss(x, old, adv)[0])(lp.astype(np.float32))
+    assert float(grad[0]) == 0.0
 
 
 def test_ppo_mask_none_is_all_ones():
@@ -414,6 +475,11 @@ def test_kl_penalty_kinds_and_aliases():
             np.testing.assert_allclose(np.asarray(kl_penalty(lp, ref, alias)), expect[kind], rtol=1e-6)
     with pytest.raises(BadInput, match="k3"):
         kl_penalty(lp, ref, "k4")
+    # k3 far from the reference: clamped to 10 (veRL, RLinf), and no gradient there.
+    far = np.array([-15.0, 30.0])
+    np.testing.assert_allclose(np.asarray(kl_penalty(far, np.zeros(2), "k3")), [10.0, 10.0])
+    grad = jax.grad(lambda x: jnp.sum(kl_penalty(x, np.zeros(2), "k3")))(far.astype(np.float32))
+    assert np.all(np.asarray(grad) == 0.0)
 
 
 def test_entropy_from_logits_matches_naive():

@@ -5,6 +5,7 @@ import json
 import jax
 import pytest
 
+from rlinf_jax.config import load_config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.sharding.placement import component_mesh, parse_ranks, preset, resolve_placement
 
@@ -92,3 +93,97 @@ def test_component_mesh_uses_the_placed_devices():
     p = resolve_placement({"env,rollout,actor": "0"}, EMBODIED, len(devices))
     mesh = component_mesh(p, "actor", devices)
     assert mesh.axis_names == ("data",) and mesh.devices.shape == (1,) and mesh.devices[0] == devices[0]
+
+
+# ------------------------------------------------------- every preset with every flow
+def _embodied(recipe, overrides):
+    from rlinf_jax.tasks.embodied.build import build_trainer
+
+    return build_trainer(load_config(recipe, overrides))
+
+
+def _reasoning(overrides):
+    from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
+
+    return ReasoningTrainer(load_config("grpo_math", overrides))
+
+
+def _sft_lm(overrides):
+    from rlinf_jax.tasks.sft.lm import SFTTrainer
+
+    return SFTTrainer(load_config("sft_math", overrides))
+
+
+def _sft_vla(overrides):
+    from rlinf_jax.tasks.sft import vla
+
+    return vla.build(load_config("sft_vla_tabletop", overrides))
+
+
+def _flows():
+    from tests.conftest import TINY
+    from tests.test_sft import TINY_LM
+    from tests.test_vla_flow import TINY_VLA, TINY_VLA_MODEL
+
+    rl = [*TINY_LM, "sft.warm_start_steps=0", "data.rollout_batch_size=4", "algorithm.group_size=4",
+          "actor.global_batch_size=16", "actor.micro_batch_size=8"]
+    # Runs with a single component (the actor) can only be collocated.
+    return {
+        "embodied": (lambda o: _embodied("ppo_brax", [*TINY, *o]), True),
+        "vla": (lambda o: _embodied("ppo_vla_tabletop", [*TINY_VLA, "env.num_envs=8", "env.num_eval_envs=8",
+                                                         "env.reset_mode=cached", *o]), True),
+        "reasoning": (lambda o: _reasoning([*rl, *o]), True),
+        "reasoning_kl": (lambda o: _reasoning([*rl, "algorithm.kl_coef=0.01", *o]), True),
+        "sft": (lambda o: _sft_lm([*TINY_LM, *o]), False),
+        "sft_vla": (lambda o: _sft_vla([*TINY_VLA_MODEL, "env.num_envs=8", "env.num_eval_envs=8", *o]), False),
+    }
+
+
+def _presets_on_every_flow(n):
+    assert len(jax.devices()) == n
+    for flow, (build, splits) in _flows().items():
+        for preset_name in ("collocated", "disaggregated", "hybrid"):
+            overrides = [f"cluster.component_placement={preset_name}"]
+            if flow in ("embodied", "vla") and preset_name == "hybrid":
+                overrides.append("flow.num_micro_batches=2")
+            if preset_name != "collocated" and not splits:
+                with pytest.raises(BadInput, match="collocated") as info:
+                    build(overrides)
+                assert "\n" not in str(info.value)
+                continue
+            trainer = build(overrides)
+            try:
+                placement = trainer.placement.to_json()
+            finally:
+                trainer.close()
+            assert placement["mode"] == preset_name, (flow, placement)
+            assert placement["requested"] == preset_name and placement["derived"], (flow, placement)
+            used = set().union(*(c["devices"] for c in placement["components"].values()))
+            assert used == set(range(n)), (flow, placement)
+            if preset_name == "hybrid":
+                # The learner spans every device; generation runs on a part of them.
+                comps = placement["components"]
+                assert comps["actor"]["devices"] == list(range(n)), (flow, comps)
+                assert all(len(c["devices"]) < n for k, c in comps.items() if k != "actor"), (flow, comps)
+
+
+@pytest.mark.slow
+@pytest.mark.devices(8)
+def test_every_preset_gives_its_layout_on_every_flow_on_8_devices():
+    _presets_on_every_flow(8)
+
+
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_every_preset_gives_its_layout_on_every_flow_on_2_devices():
+    _presets_on_every_flow(2)
+
+
+def test_a_preset_that_cannot_give_its_layout_is_one_error_line():
+    with pytest.raises(BadInput, match="can only be placed collocated|over 1 device"):
+        resolve_placement("hybrid", ("rollout", "actor"), 1)
+    with pytest.raises(BadInput, match="this run has one \\(actor\\)"):
+        resolve_placement("disaggregated", ("actor",), 8)
+    hybrid = resolve_placement("hybrid", ("rollout", "actor"), 8)
+    assert hybrid.mode == "hybrid" and hybrid.derived == {"rollout": "0-3", "actor": "0-7"}
+    assert hybrid.to_json()["requested"] == "hybrid"

@@ -99,7 +99,7 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, war
     for name, placement in [
         ("collocated", "collocated"),
         ("disaggregated", "disaggregated"),
-        ("hybrid", "{rollout: 0-3, reference: 4-5, actor: all}"),
+        ("hybrid", "hybrid"),  # rollout 0-3, reference 4-7, actor on all 8
     ]:
         argv = rl(tmp_path, warm, name, "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
                   f"cluster.component_placement={placement}")
@@ -110,6 +110,8 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, war
     assert modes == {"collocated": "collocated", "disaggregated": "disaggregated", "hybrid": "hybrid"}
     devices = results["disaggregated"][1]["components"]
     assert devices["actor"]["devices"] == [4, 5, 6, 7] and devices["rollout"]["devices"] == [0, 1]
+    hybrid = results["hybrid"][1]
+    assert hybrid["requested"] == "hybrid" and hybrid["derived"] == {"rollout": "0-3", "reference": "4-7", "actor": "0-7"}
     base = strip(results["collocated"][0])
     assert any(r.get("rollout/accuracy", 0) > 0 for r in base)  # rewards vary: the comparison means something
     for name in ("disaggregated", "hybrid"):

@@ -154,7 +154,9 @@ def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
         for j in range(per_unit.shape[1])
     ]
     np.testing.assert_allclose(float(metrics["train/policy_loss"]), np.mean(terms), rtol=1e-4, atol=1e-6)
-    clipped = np.abs(np.exp(per_unit - old) - 1) > eps
+    ratio = np.exp(per_unit - old)
+    A = np.broadcast_to(a[:, None], ratio.shape)
+    clipped = -A * np.clip(ratio, 1 - eps, 1 + eps) > -A * ratio  # the clipped term is the one taken
     assert 0 < clipped.mean() < 1
     np.testing.assert_allclose(float(metrics["train/clip_frac"]), clipped.mean(), atol=1e-6)
 
@@ -201,6 +203,7 @@ def test_group_advantages_compare_each_episode_with_its_group():
     [
         ("env.group_size=1", "set env.group_size >= 2"),
         ("algorithm.rollout_length=1", "one whole episode per env per iteration"),
+        ("env.terminate_on_success=true", "env.terminate_on_success=false"),
     ],
 )
 def test_group_advantages_refuse_settings_without_whole_grouped_episodes(override, fragment):

@@ -7,6 +7,7 @@ from rlinf_jax.algos.advantages import (
     reinforce_pp,
     reinforce_pp_baseline,
     rloo,
+    whiten,
 )
 from rlinf_jax.algos.dapo import informative_groups
 from rlinf_jax.algos.losses import (
@@ -60,4 +61,5 @@ __all__ = [
     "reinforce_pp_baseline",
     "rloo",
     "value_loss",
+    "whiten",
 ]

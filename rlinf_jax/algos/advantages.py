@@ -123,33 +123,48 @@ def _reward_to_go(token_rewards, mask, gamma):
     return jnp.where(m > 0, out.T, 0.0)
 
 
-def _whiten(x, mask, eps):
+def whiten(x, mask, eps=1e-8, floor: bool = False):
+    """Batch whitening over the valid positions; padding gets 0.
+
+    Default, as veRL's ``masked_whiten`` (its GAE advantages): ``(x - mean) /
+    sqrt(var_unbiased + eps)``. With ``floor``, as OpenRLHF's and RLinf's REINFORCE++:
+    ``(x - mean) / sqrt(max(var_population, eps))``.
+    """
     m = jnp.asarray(mask, jnp.float32)
     valid = m > 0
-    count = jnp.maximum(jnp.sum(valid), 1)
+    n = jnp.sum(valid)
+    count = jnp.maximum(n, 1)
     x = jnp.where(valid, x, 0.0)
     mean = jnp.sum(x) / count
-    var = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0)) / count
-    return jnp.where(valid, (x - mean) / jnp.sqrt(var + eps), 0.0)
+    squares = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0))
+    if floor:
+        scale = jnp.sqrt(jnp.maximum(squares / count, eps))
+    else:
+        scale = jnp.sqrt(squares / jnp.maximum(n - 1, 1) + eps)
+    return jnp.where(valid, (x - mean) / scale, 0.0)
 
 
 def reinforce_pp(token_rewards, mask, gamma=1.0, eps=1e-8):
     """REINFORCE++ (Hu, 2025): discounted reward-to-go, whitened over the batch's tokens.
 
     G_t = per-sequence discounted reward-to-go over masked tokens (``[B, L]``);
-    A = (G - mean) / sqrt(var + eps), mean and population variance over all masked tokens
-    of the batch. Padding positions get 0.
+    A = (G - mean) / sqrt(max(var, eps)), mean and population variance over all masked
+    tokens of the batch (OpenRLHF's and RLinf's placement of eps). Padding positions get 0.
     """
-    return _whiten(_reward_to_go(token_rewards, mask, gamma), mask, eps)
+    return whiten(_reward_to_go(token_rewards, mask, gamma), mask, eps, floor=True)
 
 
-def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8):
-    """REINFORCE++-baseline: subtract the group-mean sequence reward first, then ``reinforce_pp``.
+def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8, token_penalty=None):
+    """REINFORCE++-baseline (OpenRLHF; RLinf's ``reinpp`` with ``use_reinpp_baseline``):
+    subtract the group mean of the outcome rewards, then add per-token penalties, then
+    ``reinforce_pp``.
 
-    Sequence reward s_i = sum_t r_{i,t} m_{i,t}; b_i = mean of s over i's group (rows
-    contiguous, ``group_size`` per group). b_i is subtracted from the reward of the last
-    valid token of sequence i, so with gamma = 1 every G_t drops by exactly b_i. Then the
-    reward-to-go is whitened over the batch as in ``reinforce_pp``.
+    ``token_rewards`` ``[B, L]`` hold the outcome rewards (typically on the last valid
+    token); sequence reward s_i = sum_t r_{i,t} m_{i,t}; b_i = mean of s over i's group
+    (rows contiguous, ``group_size`` per group) is subtracted from the reward of the last
+    valid token of sequence i, so with gamma = 1 every G_t drops by exactly b_i.
+    ``token_penalty`` ``[B, L]`` (e.g. ``-kl_coef * KL`` per token) is added after the
+    baseline: the baseline is the outcomes' alone, as in both peers.
     """
     r = jnp.asarray(token_rewards, jnp.float32)
     m = jnp.asarray(mask, jnp.float32)
@@ -161,4 +176,6 @@ def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8):
     last = L - 1 - jnp.argmax(valid[:, ::-1], axis=1)
     onehot = (jnp.arange(L)[None, :] == last[:, None]) & valid
     r = r - onehot * baseline[:, None]
+    if token_penalty is not None:
+        r = r + jnp.where(valid, jnp.asarray(token_penalty, jnp.float32), 0.0)
     return reinforce_pp(r, m, gamma=gamma, eps=eps)

@@ -98,13 +98,22 @@ def aggregate(x, mask=None, mode="token-mean", max_len=None):
 # ------------------------------------------------------------------ policy losses
 
 
+# |log ratio| beyond this is clamped before exp, as veRL and OpenRLHF do: a token whose
+# probability moved by e^20 would otherwise give an exp-sized loss and gradient.
+LOG_RATIO_CLAMP = 20.0
+
+
 def _clipped_surrogate(log_ratio, advantages, clip_low, clip_high, dual_clip):
-    ratio = jnp.exp(log_ratio)
-    pg = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high))
+    """``(ratio, per-token loss, clipped)``; ``clipped`` marks the tokens where the clipped
+    branch is the one taken (the peers' ``clip_fraction`` counts these)."""
+    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg = jnp.maximum(unclipped, clipped_loss)
     if dual_clip is not None:
         # Dual clip (Ye et al., 2020): caps the loss at c*|A|; for A >= 0 pg <= 0 so it never binds.
         pg = jnp.minimum(pg, dual_clip * jnp.abs(advantages))
-    return ratio, pg
+    return ratio, pg, clipped_loss > unclipped
 
 
 def ppo_policy_loss(
@@ -115,25 +124,26 @@ def ppo_policy_loss(
     ratio = exp(logp - old_logp); per token
     l = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high)); with ``dual_clip``
     = c > 1, l = min(l, c * |A|) (binds only where A < 0). The loss is ``aggregate(l, mask,
-    agg)``. Returns ``(loss, metrics)``; metrics (token-mean over the mask, whatever
-    ``agg``): ``clip_fraction`` = share of tokens whose ratio lies outside
-    [1 - clip_low, 1 + clip_high]; ``approx_kl`` = mean of (ratio - 1) - log ratio (k3
-    estimator of KL(old || new)); ``dual_clip_fraction`` = share where the dual clip binds.
+    agg)``; ``log ratio`` is clamped to [-20, 20] before exp (veRL, OpenRLHF). Returns
+    ``(loss, metrics)``; metrics (token-mean over the mask, whatever ``agg``) as veRL,
+    RLinf and OpenRLHF define them: ``clip_fraction`` = share of tokens where the clipped
+    term is the one taken (``-A * clip(ratio) > -A * ratio``); ``approx_kl`` = mean of
+    ``old_logp - logp`` (the k1 estimator of KL(old || new), veRL's ``ppo_kl``);
+    ``dual_clip_fraction`` = share where the dual clip binds.
     """
     adv = jnp.asarray(advantages, jnp.float32)
     m = _mask_like(adv, mask)
     valid = m != 0
     log_ratio = jnp.where(valid, jnp.asarray(logp, jnp.float32) - jnp.asarray(old_logp, jnp.float32), 0.0)
     adv = jnp.where(valid, adv, 0.0)
-    ratio, pg = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, dual_clip)
+    ratio, pg, clipped = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, dual_clip)
     loss = aggregate(pg, m, agg)
-    outside = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
     metrics = {
-        "clip_fraction": aggregate(outside, m),
-        "approx_kl": aggregate((ratio - 1.0) - log_ratio, m),
+        "clip_fraction": aggregate(clipped.astype(jnp.float32), m),
+        "approx_kl": aggregate(-jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), m),
     }
     if dual_clip is not None:
-        _, single = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, None)
+        _, single, _ = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, None)
         binds = single > dual_clip * jnp.abs(adv)
         metrics["dual_clip_fraction"] = aggregate(binds.astype(jnp.float32), m)
     return loss, metrics
@@ -169,7 +179,8 @@ def decoupled_ppo_loss(
     tokens with w > cap get weight 0 but stay in the denominator of the aggregation (as in
     AReaL, which divides by the original mask count). Returns ``(loss, metrics)`` with
     ``clip_fraction``, ``approx_kl`` (train vs proximal), ``behav_weight_mean`` and
-    ``behav_masked_fraction`` (share of valid tokens dropped by the cap).
+    ``behav_masked_fraction`` (share of valid tokens dropped by the cap); the metrics are
+    defined as in `ppo_policy_loss`.
     """
     adv = jnp.asarray(advantages, jnp.float32)
     m = _mask_like(adv, mask)
@@ -179,13 +190,12 @@ def decoupled_ppo_loss(
     log_w = jnp.where(valid, prox - jnp.asarray(behav_logp, jnp.float32), 0.0)
     w = jax.lax.stop_gradient(jnp.exp(log_w))
     adv = jnp.where(valid, adv, 0.0)
-    ratio, pg = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, dual_clip)
+    ratio, pg, clipped = _clipped_surrogate(log_ratio, adv, clip_low, clip_high, dual_clip)
     keep = jnp.ones_like(w, dtype=bool) if behav_weight_cap is None else w <= behav_weight_cap
     loss = aggregate(jnp.where(keep, pg * w, 0.0), m, agg)
-    outside = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
     metrics = {
-        "clip_fraction": aggregate(outside, m),
-        "approx_kl": aggregate((ratio - 1.0) - log_ratio, m),
+        "clip_fraction": aggregate(clipped.astype(jnp.float32), m),
+        "approx_kl": aggregate(-jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), m),
         "behav_weight_mean": aggregate(w, m),
         "behav_masked_fraction": aggregate((~keep).astype(jnp.float32), m),
     }
@@ -255,14 +265,18 @@ def _kl_k2(d):
 
 @_register_kl("k3", "low_var_kl")
 def _kl_k3(d):
-    return jnp.exp(-d) - (-d) - 1.0
+    # Clamped as veRL's and RLinf's low_var_kl: -d to [-20, 20] before exp, the result to
+    # [-10, 10], so a token far off the reference adds a bounded penalty, not an exp one.
+    neg = jnp.clip(-d, -20.0, 20.0)
+    return jnp.clip(jnp.exp(neg) - neg - 1.0, -10.0, 10.0)
 
 
 def kl_penalty(logp, ref_logp, kind="k1"):
     """Per-token estimate of KL(pi || pi_ref) from sampled log-probs (Schulman, 2020).
 
     d = logp - ref_logp. ``k1``/``kl``: d; ``abs``: |d|; ``k2``/``mse``: 0.5 d^2;
-    ``k3``/``low_var_kl``: exp(-d) + d - 1 (unbiased, >= 0). No clamping. Aggregate the
+    ``k3``/``low_var_kl``: exp(-d) + d - 1 (unbiased, >= 0), clamped as veRL and RLinf
+    clamp it (-d to [-20, 20], the result to [-10, 10]); the others unclamped. Aggregate the
     result with ``aggregate`` for a loss term, or subtract coef * it from token rewards.
     """
     if kind not in KL_KINDS:

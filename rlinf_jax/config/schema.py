@@ -168,7 +168,8 @@ class AlgorithmConfig:
     # Bootstrap V(final observation) when an episode ends on a time limit.
     bootstrap_on_truncation: bool = True
     # Language-model RL (runner.task=reasoning); update_epochs, gamma, gae_lambda,
-    # entropy_coef, value_coef and normalize_advantages above apply too.
+    # entropy_coef and value_coef above apply too, and normalize_advantages to adv_type=gae
+    # (veRL's choice: group and REINFORCE++ estimators normalise by their own definition).
     group_size: int = 8  # responses sampled per prompt
     clip_low: float = 0.2  # PPO ratio clip range [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2  # DAPO's clip-higher raises this one, e.g. 0.28

@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -69,15 +70,24 @@ class ComponentPlacement:
 class Placement:
     mode: str
     components: dict[str, ComponentPlacement]
+    # What the config asked for (a preset name or a mapping) and, for a preset, the
+    # mapping it was expanded to: placement.json records both beside the result.
+    requested: Any = None
+    derived: dict | None = None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "mode": self.mode,
             "components": {
                 name: {"devices": list(c.devices), "mesh_shape": dict(c.mesh_shape), "axis_names": list(c.axis_names)}
                 for name, c in self.components.items()
             },
         }
+        if self.requested is not None:
+            out["requested"] = self.requested
+        if self.derived is not None:
+            out["derived"] = dict(self.derived)
+        return out
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
@@ -104,8 +114,10 @@ def preset(name: str, components: tuple[str, ...], num_devices: int) -> dict[str
 
     collocated: everything everywhere. disaggregated: the learner takes half the devices
     (rounded down) and the others split the rest into disjoint near-equal slices in the
-    order given; on too few devices for that they share their half. hybrid: the others
-    split the devices and the learner spans them all.
+    order given; on too few devices for that they share their half. hybrid: the learner
+    spans all devices; the others split them into disjoint slices, or, when there is only
+    one other (a reasoning run's rollout), it takes the first half (RLinf's shape:
+    generation on part of the devices, the learner on all of them).
     """
     n = num_devices
     if name == "collocated":
@@ -113,13 +125,18 @@ def preset(name: str, components: tuple[str, ...], num_devices: int) -> dict[str
     if name not in ("disaggregated", "hybrid"):
         raise BadInput(f"cluster.component_placement={name!r} is not a preset; choose collocated, disaggregated or hybrid, or give a mapping")
     *sharers, learner = components
-    if not sharers or n < 2:
+    if not sharers:
+        raise BadInput(
+            f"cluster.component_placement={name} splits components over devices, and this run has one "
+            f"({learner}); it runs collocated: drop the setting or set it to collocated"
+        )
+    if n < 2:
         raise BadInput(
             f"cluster.component_placement={name}: {len(components)} component(s) to split over {n} device(s); "
             "use collocated or more devices"
         )
     if name == "hybrid":
-        lo_hi = (0, n)
+        lo_hi = (0, n) if len(sharers) > 1 else (0, n - n // 2)
         if len(sharers) > n:
             raise BadInput(f"cluster.component_placement=hybrid: {len(sharers)} component(s) to split over {n} device(s); use collocated or more devices")
         out = {}
@@ -143,8 +160,10 @@ def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshe
     ``meshes`` maps a component to its mesh shape, e.g. ``{"actor": {"data": 2, "fsdp": 2}}``;
     a component without one gets ``{"data": <its device count>}``.
     """
+    requested = spec if isinstance(spec, str) else dict(spec)
+    derived = None
     if isinstance(spec, str):
-        spec = preset(spec, components, num_devices)
+        spec = derived = preset(spec, components, num_devices)
     sets: dict[str, tuple[int, ...]] = {}
     for key, ranks in dict(spec).items():
         parsed = parse_ranks(ranks, num_devices, f"cluster.component_placement.{key}")
@@ -174,7 +193,13 @@ def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshe
                 f"{len(sets[name])}; make the axis sizes multiply to {len(sets[name])}"
             )
         placed[name] = ComponentPlacement(sets[name], shape)
-    return Placement(derive_mode(sets), placed)
+    mode = derive_mode(sets)
+    if derived is not None and mode != requested:
+        raise BadInput(
+            f"cluster.component_placement={requested}: on {num_devices} device(s) the components "
+            f"{', '.join(components)} can only be placed {mode}; use more devices or a mapping"
+        )
+    return Placement(mode, placed, requested, derived)
 
 
 def component_mesh(placement: Placement, name: str, devices=None):

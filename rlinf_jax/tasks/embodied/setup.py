@@ -78,11 +78,14 @@ def group_size(cfg: Config, env: Env) -> int:
             f"dividing env.num_envs={env.num_envs} (got {g})"
         )
     n = substeps(cfg, env)
-    if a.rollout_length * n != cfg.env.episode_length or cfg.env.reset_mode != "fresh":
+    e = cfg.env
+    if a.rollout_length * n != e.episode_length or e.reset_mode != "fresh" or e.terminate_on_success:
+        # An episode that ended early would be followed by a new one inside the same
+        # iteration, and its return would mix the two.
         raise BadInput(
             f"algorithm.adv_type={a.adv_type} needs one whole episode per env per iteration: set "
             f"algorithm.rollout_length x sub-steps per step ({a.rollout_length} x {n}) equal to "
-            f"env.episode_length={cfg.env.episode_length}, and env.reset_mode=fresh"
+            f"env.episode_length={e.episode_length}, env.reset_mode=fresh and env.terminate_on_success=false"
         )
     return g
 

@@ -115,13 +115,14 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
         adv = get_advantage(a.adv_type)(seq_rewards, a.group_size)
         out["advantages"] = jnp.where(valid, adv[:, None], 0.0)
         return out
-    token_rewards = jnp.where(last, rewards[:, None], 0.0)
-    if kl_tokens is not None:
-        token_rewards = token_rewards - a.kl_coef * kl_tokens
+    outcome = jnp.where(last, rewards[:, None], 0.0)
+    penalty = None if kl_tokens is None else -a.kl_coef * kl_tokens
+    token_rewards = outcome if penalty is None else outcome + penalty
     if a.adv_type == "reinforce_pp":
         out["advantages"] = adv_lib.reinforce_pp(token_rewards, m, a.gamma)
     elif a.adv_type == "reinforce_pp_baseline":
-        out["advantages"] = adv_lib.reinforce_pp_baseline(token_rewards, m, a.group_size, a.gamma)
+        # The baseline is the group mean of the outcomes alone; the KL penalty comes after it.
+        out["advantages"] = adv_lib.reinforce_pp_baseline(outcome, m, a.group_size, a.gamma, token_penalty=penalty)
     else:  # gae on the value model
         vm = nnx.merge(u.value_graphdef, params["value"])
         values = jax.lax.stop_gradient(chunked(lambda mb: values_of(vm, mb), batch, u.micro))
@@ -131,7 +132,7 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
         )
         adv, ret = jnp.where(valid, adv.T, 0.0), jnp.where(valid, ret.T, 0.0)
         if a.normalize_advantages:
-            adv = adv_lib._whiten(adv, m, 1e-8)
+            adv = adv_lib.whiten(adv, m)  # veRL's masked_whiten
         out.update(advantages=adv, old_values=values, returns=ret)
     return out
 
