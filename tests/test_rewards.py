@@ -312,3 +312,54 @@ def test_overlong_penalty_hand_example():
     # max_len 10, cache 4: 0 up to 6, then (6 - L)/4, -1 beyond 10.
     out = np.asarray(overlong_penalty(np.array([0, 6, 7, 8, 10, 11, 50]), 10, 4))
     np.testing.assert_allclose(out, [0, 0, -0.25, -0.5, -1, -1, -1])
+
+
+class _FastPathChecker:
+    """A checker whose in-process fast path misbehaves on some responses."""
+
+    def fast(self, response, answer):
+        if "raise" in response:
+            raise ValueError("fast path exploded")
+        if "spin" in response:
+            while True:  # the in-process alarm interrupts it
+                pass
+        return float(response.strip() == answer)
+
+    def __call__(self, response, answer):
+        return float(response.strip() == answer)
+
+
+@pytest.mark.timeout(120)
+def test_unterminated_boxes_are_scanned_in_one_pass():
+    # 700 KB of open boxes did not finish under the first scanner (quadratic); now the whole
+    # batch is scored well inside the checker's time limit and nothing counts as a timeout.
+    bomb = "\\boxed{" * 100_000
+    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=5.0, format_reward=0.5))
+    res = rf([bomb, bomb + "\\boxed{7}", "\\boxed{7}"], ["7", "7", "7"])
+    assert res.metrics["reward/timeouts"] == 0 and res.metrics["reward/errors"] == 0
+    np.testing.assert_allclose(res.rewards, [0.0, 1.5, 1.5])
+    assert boxed_contents("\\boxed{a\\boxed{b}c} \\boxed{") == ["a\\boxed{b}c", "b"]
+
+
+def test_integers_past_pythons_digit_limit_compare_exactly():
+    big = "9" * 5000
+    rf = RewardFunction(RewardConfig(num_workers=0))
+    res = rf([f"\\boxed{{{big}}}", f"\\boxed{{{big}8}}", f"\\boxed{{-00{big}}}", "\\boxed{+007}"], [big, big, f"-{big}", "7"])
+    assert res.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert res.metrics["reward/errors"] == 0 and res.metrics["reward/fast_path"] == 1.0
+
+
+def test_a_failing_fast_path_scores_zero_and_is_bounded():
+    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=0.3), checker=_FastPathChecker())
+    res = rf(["raise", "7", "spin", "8"], ["7", "7", "7", "8"])
+    assert res.rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert res.failed.tolist() == [True, False, True, False]
+    assert res.metrics["reward/errors"] == 1 and res.metrics["reward/timeouts"] == 1
+
+
+def test_only_the_tail_of_a_runaway_response_is_scanned():
+    from rlinf_jax.rewards.answers import MAX_SCAN_CHARS
+
+    answer_first = "\\boxed{7}" + "x" * MAX_SCAN_CHARS
+    assert extract_answer(answer_first) is None and extract_answer("x" * MAX_SCAN_CHARS + "\\boxed{7}") == "7"
+    assert last_number("1 " + "y" * MAX_SCAN_CHARS) is None

@@ -10,6 +10,11 @@ Equality is decided by ``math-verify`` (sympy underneath: ``\\frac{1}{2}`` = ``0
 ``MathAnswerChecker.fast`` settles the common case in pure Python: an integer reference and an
 integer-looking candidate compare as integers; anything else goes to ``math-verify``.
 
+Everything here is linear in the response's length, and only the last ``MAX_SCAN_CHARS``
+characters are looked at (a final answer sits at the end; a runaway response must not cost
+the trainer more than one bounded pass). Integers are compared as digit strings, so a
+5,000-digit answer is an answer, not Python's int-string limit.
+
 This module imports neither JAX nor ``math-verify`` at the top: checker worker processes
 import it, and should start in a fraction of a second.
 """
@@ -30,23 +35,43 @@ _INTEGER = re.compile(r"[+-]?\d+")
 _INTEGER_LIKE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.0*)?")
 
 
+# Responses are scanned over their last this many characters (about 64k tokens of text).
+MAX_SCAN_CHARS = 1 << 18
+_BRACES = re.compile(r"[{}]")
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= MAX_SCAN_CHARS else text[-MAX_SCAN_CHARS:]
+
+
 def boxed_contents(text: str) -> list[str]:
-    """The contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``, in order
-    (unterminated boxes are skipped)."""
-    out = []
-    for m in _BOX.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end() : i - 1])
-    return out
+    """The contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``, in order of
+    their openings (unterminated boxes are skipped).
+
+    One pass over the braces with a stack of open ones: linear however many boxes are left
+    open (scanning ahead from each opening, as a first version did, is quadratic on a
+    response that repeats ``\\boxed{`` without closing it)."""
+    text = _tail(text)
+    box_starts = {m.end() - 1: m.end() for m in _BOX.finditer(text)}  # "{" position -> content start
+    stack: list[int] = []
+    found: list[tuple[int, str]] = []
+    for m in _BRACES.finditer(text):
+        pos = m.start()
+        if text[pos] == "{":
+            stack.append(pos)
+        elif stack:
+            opened = stack.pop()
+            if opened in box_starts:
+                start = box_starts[opened]
+                found.append((start, text[start:pos]))
+    return [content for _, content in sorted(found)]
 
 
 def last_number(text: str) -> str | None:
-    found = _NUMBER.findall(text)
-    return found[-1] if found else None
+    last = None
+    for last in _NUMBER.finditer(_tail(text)):
+        pass
+    return last.group(0) if last is not None else None
 
 
 def extract_answer(response: str, fallback: str = "last_number") -> str | None:
@@ -63,6 +88,15 @@ def extract_answer(response: str, fallback: str = "last_number") -> str | None:
 def format_ok(response: str, required_tag: str = "") -> bool:
     """Format reward's test: exactly one ``\\boxed{}``, and ``required_tag`` present if set."""
     return len(boxed_contents(response)) == 1 and (not required_tag or required_tag in response)
+
+
+def _canonical_integer(text: str) -> str:
+    """An integer's digits without sign noise or leading zeros ("-0" and "+007" -> "0", "7"):
+    equal strings, equal integers, at any length (``int()`` refuses over 4,300 digits)."""
+    digits = text.lstrip("+-").lstrip("0")
+    if not digits:
+        return "0"
+    return "-" + digits if text.startswith("-") else digits
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -111,7 +145,7 @@ class MathAnswerChecker:
         cand = cand.strip().strip("$").strip()
         if not _INTEGER_LIKE.fullmatch(cand):
             return None
-        return float(int(cand.split(".")[0].replace(",", "")) == int(answer.strip()))
+        return float(_canonical_integer(cand.split(".")[0].replace(",", "")) == _canonical_integer(answer.strip()))
 
     def __call__(self, response: str, answer: str) -> float:
         mv = _math_verify()

@@ -168,7 +168,9 @@ class CheckerPool:
     ``preload``: modules each worker imports at start (the checker's library), so the first
     call's time is not spent importing. ``load_timeout_s`` bounds a worker's start-up plus
     loading the checker; ``timeout_s + grace_s`` bounds the call itself. Use as a context
-    manager or call ``close()``.
+    manager or call ``close()``: nothing closes it from ``__del__`` (a finaliser running at
+    interpreter exit is where threads and pipes deadlock); a worker left behind is only
+    killed by its ``weakref.finalize`` reaper.
     """
 
     def __init__(
@@ -243,9 +245,3 @@ class CheckerPool:
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -1,8 +1,9 @@
 """The reasoning reward: accuracy + optional format reward + optional DAPO overlong shaping.
 
 ``RewardFunction(cfg)(responses, answers, lengths)`` scores one rollout batch on the host.
-Integer answers that ``MathAnswerChecker.fast`` can settle never leave this process; the rest
-go to a pool of checker processes (``rlinf_jax.rewards.pool``). A check that raises or times
+Integer answers that ``MathAnswerChecker.fast`` can settle never leave this process (under the
+same time limit as the pool's calls); the rest go to a pool of checker processes
+(``rlinf_jax.rewards.pool``). A check that raises or times
 out makes that sample's whole reward 0 (no format or length terms either: we know nothing
 about it) and is counted in ``reward/errors`` / ``reward/timeouts``; the run goes on.
 """
@@ -60,22 +61,34 @@ class RewardFunction:
             self._pool = CheckerPool(self.num_workers, self.cfg.timeout_s)
         return self._pool.map(self.checker, items)
 
+    def _in_process(self, response: str, answer: str) -> tuple[float | None, float]:
+        """The checker's fast score (None: needs the full check) and the format test."""
+        fast = getattr(self.checker, "fast", None) if self.cfg.fast_path else None
+        score = fast(response, answer) if fast is not None else None
+        fmt = float(format_ok(response, self.cfg.format_tag)) if self.cfg.format_reward else 0.0
+        return score, fmt
+
     def __call__(self, responses, answers, lengths=None) -> RewardResult:
         cfg = self.cfg
         n = len(responses)
         if len(answers) != n:
             raise ValueError(f"{n} responses but {len(answers)} answers")
         correct = np.zeros(n, np.float32)
-        failed = np.zeros(n, bool)
+        fmt = np.zeros(n, np.float32)
         status = ["ok"] * n
-        fast = getattr(self.checker, "fast", None) if cfg.fast_path else None
-        slow = []
+        slow, settled = [], 0
         for i, (r, a) in enumerate(zip(responses, answers)):
-            score = fast(r, a) if fast is not None else None
+            # The in-process part is bounded like the checker processes: one sample that
+            # trips it (a pathological text, a checker bug) scores 0 and is counted.
+            st, value = call_with_timeout(self._in_process, (r, a), cfg.timeout_s)
+            if st != "ok":
+                status[i] = st
+                continue
+            score, fmt[i] = value
             if score is None:
                 slow.append(i)
             else:
-                correct[i] = score
+                correct[i], settled = score, settled + 1
         for i, (st, value) in zip(slow, self._check([(responses[i], answers[i]) for i in slow])):
             status[i] = st
             if st == "ok":
@@ -83,13 +96,12 @@ class RewardFunction:
                     correct[i] = np.clip(float(value), 0.0, 1.0)
                 except (TypeError, ValueError):
                     status[i] = "error"  # a checker returning something that is not a score
-            failed[i] = status[i] != "ok"
+        failed = np.array([st != "ok" for st in status], bool)
         correct[failed] = 0.0
 
         rewards = cfg.wrong_reward + (cfg.correct_reward - cfg.wrong_reward) * correct
         metrics = {"reward/accuracy": float(correct.mean()) if n else 0.0}
         if cfg.format_reward:
-            fmt = np.array([format_ok(r, cfg.format_tag) for r in responses], np.float32)
             rewards = rewards + cfg.format_reward * fmt
             metrics["reward/format"] = float(fmt.mean()) if n else 0.0
         if cfg.overlong_max_len > 0:
@@ -105,7 +117,7 @@ class RewardFunction:
                 "reward/mean": float(rewards.mean()) if n else 0.0,
                 "reward/errors": float(status.count("error")),
                 "reward/timeouts": float(status.count("timeout")),
-                "reward/fast_path": float(n - len(slow)) / n if n else 0.0,
+                "reward/fast_path": settled / n if n else 0.0,
             }
         )
         return RewardResult(rewards=rewards, metrics=metrics, correct=correct, failed=failed)
