@@ -13,6 +13,7 @@ Prints one JSON line describing what was written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -27,6 +28,11 @@ def _parse_args(argv):
         choices=["auto", "float32", "bfloat16", "float16"],
         help="dtype of the stored parameters (auto: the checkpoint's own, per config.json)",
     )
+    parser.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="convert weights that hold NaN or inf (refused by default: such a model cannot train)",
+    )
     return parser.parse_args(argv)
 
 
@@ -39,8 +45,11 @@ def main(argv=None) -> int:
         from flax import nnx
 
         from rlinf_jax.policies.convert import convert, load_converted, model_type_of
+        from rlinf_jax.policies.lm.hf_checkpoint import nonfinite_weights_allowed
 
-        out = convert(args.src, args.out, dtype=args.dtype)
+        allowed = nonfinite_weights_allowed() if args.allow_nonfinite else contextlib.nullcontext()
+        with allowed:
+            out = convert(args.src, args.out, dtype=args.dtype)
         model = load_converted(out)
         params = jax.tree.leaves(nnx.state(model, nnx.Param))
         model_type = model_type_of(out)

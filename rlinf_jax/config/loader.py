@@ -170,18 +170,77 @@ def list_recipes(config_dir: str | os.PathLike | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml") if not p.stem.startswith("_"))
 
 
+# A config is a few hundred lines: bounds far above any real one and far below what a
+# crafted file (an alias "billion laughs", a megabyte of nesting) would cost to expand.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """How many nodes the document has once every alias is expanded (capped just above
+    ``MAX_CONFIG_NODES``), computed over the distinct nodes only, so the count costs what
+    the file does, not what its expansion would. A node that contains itself is infinite."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in on_path:
+            return MAX_CONFIG_NODES + 1
+        on_path.add(key)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                n += size(k) + size(v)
+                if n > MAX_CONFIG_NODES:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for v in node.value:
+                n += size(v)
+                if n > MAX_CONFIG_NODES:
+                    break
+        on_path.discard(key)
+        sizes[key] = n = min(n, MAX_CONFIG_NODES + 1)
+        return n
+
+    return size(root)
+
+
 def _read_yaml(path: Path, label: str) -> dict:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise _bad(f"cannot read {label} {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise _bad(f"{label} {path} is {len(raw):,} bytes, more than a config can be ({MAX_CONFIG_BYTES:,}); point at the right file")
     try:
-        data = yaml.load(text, Loader=_yaml_loader()) if text.strip() else {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _bad(f"{label} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    try:
+        if not text.strip():
+            data = {}
+        else:
+            loader = _yaml_loader()(text)
+            try:
+                node = loader.get_single_node()
+                if node is not None and _expanded_nodes(node) > MAX_CONFIG_NODES:
+                    raise _bad(
+                        f"{label} {path} expands to more than {MAX_CONFIG_NODES:,} values through its aliases "
+                        "(& / *); write the config out plainly"
+                    )
+                data = loader.construct_document(node) if node is not None else {}
+            finally:
+                loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise _bad(f"{label} {path} is not valid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise _bad(f"{label} {path} is nested too deeply to be a config; write it out plainly") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -539,6 +598,10 @@ def _validate_cluster(c) -> None:
             f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
     _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts} must be >= 0 (0 = never restart)")
+    _require(
+        math.isfinite(c.hang_timeout_s) and c.hang_timeout_s >= 0,
+        f"cluster.hang_timeout_s={c.hang_timeout_s} must be >= 0 seconds (0 = no liveness check)",
+    )
 
 
 def _validate_sft(s) -> None:

@@ -79,6 +79,29 @@ def _record(raw, where: str, path: Path, prompt_key: str, answer_key: str, defau
     return rec
 
 
+# Integers longer than this stay digit strings: Python refuses to turn more than 4,300 digits
+# into an int, and an answer is compared as text in any case.
+_MAX_INT_DIGITS = 4000
+
+
+def _json_int(text: str):
+    return int(text) if len(text) <= _MAX_INT_DIGITS else text
+
+
+def _loads(text: str, path: Path, where: str, fix: str):
+    """One JSON document; what the parser cannot take (bad syntax, nesting deeper than the
+    interpreter's recursion limit) is one ``BadInput`` naming where."""
+    try:
+        return json.loads(text, parse_int=_json_int)
+    except json.JSONDecodeError as e:
+        line = f"line {e.lineno}" if where == "" else where
+        raise BadInput(f"{path} {line}: not valid JSON ({e.msg}); {fix}") from None
+    except RecursionError:
+        raise BadInput(f"{path} {where or 'file'}: JSON nested too deeply to read; {fix}") from None
+    except ValueError as e:  # e.g. a float literal Python cannot convert
+        raise BadInput(f"{path} {where or 'file'}: unreadable JSON value ({_one_line(e)}); {fix}") from None
+
+
 def _read_json_records(path: Path):
     """``[(where, record)]`` from JSON Lines, or from a JSON file holding one array."""
     try:
@@ -88,19 +111,13 @@ def _read_json_records(path: Path):
     except OSError as e:
         raise BadInput(f"cannot read data file {path} ({e.strerror or _one_line(e)}); check the path and its permissions") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path} line {e.lineno}: not valid JSON ({e.msg}); fix the file") from None
+        rows = _loads(text, path, "", "fix the file")
         return [(f"record {i + 1}", r) for i, r in enumerate(rows)]
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            out.append((f"line {lineno}", json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise BadInput(f"{path} line {lineno}: not valid JSON ({e.msg}); fix or remove that line") from None
+        out.append((f"line {lineno}", _loads(line, path, f"line {lineno}", "fix or remove that line")))
     return out
 
 

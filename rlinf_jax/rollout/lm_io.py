@@ -56,6 +56,16 @@ class PromptEncoder:
             out.append(toks)
         return out
 
+    def check_lengths(self, dataset, label: str) -> None:
+        """Every prompt of ``dataset`` fits ``data.max_prompt_length``, checked once before
+        training (a long prompt would otherwise stop the run when its batch comes up)."""
+        for i in range(len(dataset)):
+            rec = dataset[i]
+            try:
+                self.encode([rec["prompt"]], [rec.get("id", str(i))])
+            except BadInput as e:
+                raise BadInput(f"{label} data: {e}") from None
+
     def pad(self, seqs: list[list[int]], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         width = bucket_length(max(map(len, seqs)), 8) if width is None else width
         ids = np.full((len(seqs), width), self.pad_id, np.int32)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm.hf_checkpoint import open_safetensors, weight_tensor
 
 _FIELDS = {"layer": r"\d+", "proj": r"[a-z]+"}
 
@@ -109,14 +110,12 @@ def read_checkpoint(
 ) -> dict[str, np.ndarray]:
     """``{parameter path: host array}`` for every path of ``targets`` (path -> anything with a
     ``.shape``), read from safetensors ``files``; ``what`` names the model in errors."""
-    from safetensors import safe_open
-
     rows, skips = tuple(rows), tuple(skips)
     values: dict[str, np.ndarray] = {}
     source_of: dict[str, str] = {}
     leftover: list[str] = []
     for file in files:
-        with safe_open(str(file), framework="numpy") as f:
+        with open_safetensors(file) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 if any(s.match(key) for s in skips):
                     continue
@@ -125,10 +124,14 @@ def read_checkpoint(
                     leftover.append(key)
                     continue
                 row, paths = found
-                array = f.get_tensor(key)
+                shape = tuple(f.get_slice(key).get_shape())
+                if len(paths) > 1 and (not shape or shape[0] % len(paths)):
+                    raise BadInput(
+                        f"checkpoint tensor {key!r} {shape} does not split evenly into {len(paths)} parts along "
+                        "its first axis; the checkpoint does not fit the config"
+                    )
+                array = weight_tensor(f, key, file)
                 parts = np.split(array, len(paths), axis=0) if len(paths) > 1 else [array]
-                if len(paths) > 1 and array.shape[0] % len(paths):
-                    raise BadInput(f"checkpoint tensor {key!r} {array.shape} does not split into {len(paths)} parts")
                 for path, part in zip(paths, parts):
                     want = tuple(targets[path].shape)
                     out = apply(row.transform, part, want)

@@ -36,6 +36,7 @@ from rlinf_jax.policies.lm import keymap as lm_keymap
 from rlinf_jax.policies.lm.hf_checkpoint import (
     dotted,
     fill_model,
+    open_safetensors,
     read_hf_config,
     safetensors_files,
 )
@@ -110,11 +111,9 @@ def _exact(key: str) -> str:
 
 
 def _source_keys(files) -> list[str]:
-    from safetensors import safe_open
-
     out = []
     for file in files:
-        with safe_open(str(file), framework="numpy") as f:
+        with open_safetensors(file) as f:
             out += list(f.keys())
     return out
 

@@ -88,8 +88,11 @@ class LMConfig:
                 f"num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}; grouped-query attention needs it to be"
             )
-        if self.head_dim % 2:
-            raise BadInput(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise BadInput(
+                f"head_dim={self.head_dim} (hidden_size / num_attention_heads unless config.json sets head_dim) "
+                "must be even and at least 2 for rotary embeddings"
+            )
 
     @property
     def q_per_kv(self) -> int:

@@ -4,13 +4,20 @@ Loading streams one tensor at a time from ``safe_open`` straight onto its target
 sharding, into a model built abstractly (``nnx.eval_shape``), so host memory never holds the
 checkpoint twice and no random initialisation is paid for. Every checkpoint tensor is either
 mapped by ``keymap.KEY_MAP`` or explicitly ignored; everything else is a ``BadInput``.
+
+What a directory can get wrong is refused in one line before it reaches a model: a
+``config.json`` that is not an object or whose sizes are not positive integers, shard paths
+that leave the directory, a damaged safetensors file, a weight stored as an integer, bool or
+float64 tensor, and non-finite weights (unless `nonfinite_weights_allowed` says otherwise).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import jax
@@ -27,6 +34,44 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+# Sizes a config.json gives the architecture: where present (at any depth: vision_config,
+# text_config, ...) they must be positive integers, or building the model divides by zero or
+# fails on a string. Sizes that may be 0 are listed apart.
+SIZE_KEYS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "vocab_size", "head_dim", "image_size", "patch_size", "num_channels", "max_position_embeddings",
+    "projection_dim",
+)
+ZERO_OK_SIZE_KEYS = ("num_register_tokens",)
+# What a weight is stored as; anything else (integers, bool, float64) is not a weight of ours.
+WEIGHT_DTYPES = ("F32", "BF16", "F16")
+
+
+def _check_sizes(node, where: str) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            at = f"{where}.{key}" if where else str(key)
+            if key in SIZE_KEYS or key in ZERO_OK_SIZE_KEYS:
+                least = 0 if key in ZERO_OK_SIZE_KEYS else 1
+                if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                    raise BadInput(f"config.json {at}={value!r} must be an integer >= {least}; fix config.json")
+            else:
+                _check_sizes(value, at)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_sizes(value, f"{where}[{i}]")
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        detail = str(e).splitlines()[0] if not isinstance(e, RecursionError) else "nested too deeply"
+        raise BadInput(f"{path} is not valid JSON ({detail}); {what}") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {path} ({e.strerror or e})") from None
+
+
 def read_hf_config(path: str | os.PathLike) -> dict:
     d = Path(path)
     if not d.is_dir():
@@ -34,23 +79,33 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     cfg = d / "config.json"
     if not cfg.is_file():
         raise BadInput(f"{d} has no config.json; a Hugging Face model directory needs one")
-    try:
-        return json.loads(cfg.read_text())
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{cfg} is not valid JSON ({e})") from None
+    hf = _read_json(cfg, "fix or replace config.json")
+    if not isinstance(hf, dict):
+        raise BadInput(f"{cfg} holds a JSON {type(hf).__name__}, not an object of model settings; fix config.json")
+    _check_sizes(hf, "")
+    return hf
 
 
 def safetensors_files(path: str | os.PathLike) -> list[Path]:
-    """The checkpoint's safetensors files: the single file or the shards the index names."""
+    """The checkpoint's safetensors files: the single file or the shards the index names
+    (which must lie inside the directory)."""
     d = Path(path)
     if (d / SINGLE_FILE).is_file():
         return [d / SINGLE_FILE]
     if (d / INDEX_FILE).is_file():
-        try:
-            weight_map = json.loads((d / INDEX_FILE).read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise BadInput(f"{d / INDEX_FILE} is not a safetensors index ({e!r})") from None
-        files = [d / name for name in dict.fromkeys(weight_map.values())]
+        index = _read_json(d / INDEX_FILE, "fix or replace the index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise BadInput(f"{d / INDEX_FILE} is not a safetensors index (no weight_map of tensor -> file); fix it")
+        root = d.resolve()
+        files = []
+        for name in dict.fromkeys(weight_map.values()):
+            file = (d / name).resolve()
+            if Path(name).is_absolute() or not file.is_relative_to(root) or file == root:
+                raise BadInput(
+                    f"{d / INDEX_FILE} names shard {name!r}, which lies outside {d}; shards must be files in the model directory"
+                )
+            files.append(d / name)
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise BadInput(f"{d / INDEX_FILE} names shard files that are missing: {', '.join(missing)}")
@@ -60,6 +115,54 @@ def safetensors_files(path: str | os.PathLike) -> list[Path]:
         f"{d} has neither {SINGLE_FILE} nor {INDEX_FILE} (found: {', '.join(found) or 'nothing'}); "
         "only safetensors checkpoints are read (save with safe_serialization=True)"
     )
+
+
+_ALLOW_NONFINITE = contextvars.ContextVar("rlinf_allow_nonfinite_weights", default=False)
+
+
+@contextlib.contextmanager
+def nonfinite_weights_allowed() -> Iterator[None]:
+    """Within this block checkpoint weights may hold NaN / inf (``convert --allow-nonfinite``)."""
+    token = _ALLOW_NONFINITE.set(True)
+    try:
+        yield
+    finally:
+        _ALLOW_NONFINITE.reset(token)
+
+
+@contextlib.contextmanager
+def open_safetensors(file: Path):
+    """``safe_open`` of one file, a damaged one (truncated, garbage, a bad header) being one
+    ``BadInput`` line wherever the damage shows, at opening or at reading a tensor."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            yield f
+    except SafetensorError as e:
+        raise BadInput(f"{file} is not a readable safetensors file ({str(e).splitlines()[0]}); re-save or re-download it") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {file} ({e.strerror or e})") from None
+
+
+def weight_tensor(f, key: str, file: Path) -> np.ndarray:
+    """Tensor ``key`` of open file ``f``, refused unless it is a float32 / bfloat16 / float16
+    weight with finite values (see `nonfinite_weights_allowed`)."""
+    dtype = f.get_slice(key).get_dtype()
+    if dtype not in WEIGHT_DTYPES:
+        raise BadInput(
+            f"checkpoint tensor {key!r} ({file.name}) is stored as {dtype}, not as a weight (F32, BF16 or F16); "
+            "re-save the checkpoint with floating-point weights"
+        )
+    array = f.get_tensor(key)
+    if not _ALLOW_NONFINITE.get():
+        finite = np.isfinite(array)
+        if not finite.all():
+            raise BadInput(
+                f"checkpoint tensor {key!r} ({file.name}) holds {finite.size - int(finite.sum())} non-finite value(s) "
+                f"of {finite.size}; fix the checkpoint, or pass --allow-nonfinite to convert it as it is"
+            )
+    return array
 
 
 def parse_dtype(dtype) -> jnp.dtype:
@@ -121,11 +224,9 @@ def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -
     targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
     placement = _placement(shardings, targets)
 
-    from safetensors import safe_open
-
     values: dict[str, jax.Array] = {}
     for file in files:
-        with safe_open(str(file), framework="numpy") as f:
+        with open_safetensors(file) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
                 if keymap.is_ignored(key, config):
                     continue
@@ -146,7 +247,7 @@ def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -
                     raise BadInput(
                         f"checkpoint tensor {key!r} has shape {shape} but config.json implies {expected}"
                     )
-                host = keymap.apply(transform, f.get_tensor(key)).astype(param_dtype)
+                host = keymap.apply(transform, weight_tensor(f, key, file)).astype(param_dtype)
                 values[target] = jax.device_put(host, placement.get(target))
                 del host
     missing = [keymap.to_hf(p)[0] for p in targets if p not in values]

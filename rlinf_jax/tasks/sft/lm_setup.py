@@ -62,13 +62,17 @@ def make_lm_setup(cfg: Config, sampler_mesh, rules) -> LMSetup:
         lora = LoRA(policy, m.lora_rank, m.lora_alpha)
         params["lora"] = lora.init(jax.random.PRNGKey(cfg.runner.seed + 1))
         meta["lora"] = lora.meta()
+    encoder = PromptEncoder(cfg.data, tokenizer)
+    encoder.check_lengths(train_ds, "training")
+    if eval_ds is not None:
+        encoder.check_lengths(eval_ds, "evaluation")
     return LMSetup(
         train_ds=train_ds,
         eval_ds=eval_ds,
         model_source=loaded.source,
         lm_config=loaded.model.config,
         tokenizer=tokenizer,
-        encoder=PromptEncoder(cfg.data, tokenizer),
+        encoder=encoder,
         graphdef=graphdef,
         params=params,
         lora=lora,
