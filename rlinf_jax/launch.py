@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -151,6 +152,12 @@ class HostProcess:
         self._out: deque = deque()
         self._tail: deque = deque(maxlen=200)
         self._readers: list[threading.Thread] = []
+        # Liveness: the last output line, and a file the process touches at every chunk
+        # boundary (`runtime.distributed.heartbeat`).
+        self._last_activity = time.time()
+        fd, self._heartbeat = tempfile.mkstemp(prefix="rlinf_heartbeat_")
+        os.close(fd)
+        self._log = None
 
     def address(self) -> str:
         """``ip:port`` with a port free on this host, for the JAX coordinator."""
@@ -162,11 +169,14 @@ class HostProcess:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None, log_path: str | None) -> int:
-        full_env = {**os.environ, **env, ENV_PARENT_PID: str(os.getpid())}
+        from rlinf_jax.runtime.distributed import ENV_HEARTBEAT
+
+        full_env = {**os.environ, **env, ENV_PARENT_PID: str(os.getpid()), ENV_HEARTBEAT: self._heartbeat}
+        self._last_activity = time.time()
         log = None
         if log_path:
             os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-            log = open(log_path, "a", buffering=1)
+            log = self._log = open(log_path, "a", buffering=1)
         self._proc = subprocess.Popen(
             argv,
             env=full_env,
@@ -185,6 +195,7 @@ class HostProcess:
 
     def _pump(self, name, stream, log) -> None:
         for line in iter(stream.readline, ""):
+            self._last_activity = time.time()
             line = line.rstrip("\n")
             self._out.append((name, line))
             self._tail.append(line)
@@ -197,7 +208,26 @@ class HostProcess:
             return None
         for t in self._readers:
             t.join(timeout=5)
+        self._release()
         return self._proc.returncode
+
+    def _release(self) -> None:
+        """The log file and the heartbeat file, once the process is gone."""
+        if self._log is not None and not any(t.is_alive() for t in self._readers):
+            self._log.close()
+            self._log = None
+        try:
+            os.unlink(self._heartbeat)
+        except OSError:
+            pass
+
+    def idle_seconds(self) -> float:
+        """Seconds since the process last printed a line or finished a chunk of iterations."""
+        try:
+            beat = os.path.getmtime(self._heartbeat)
+        except OSError:
+            beat = 0.0
+        return time.time() - max(self._last_activity, beat)
 
     def take_output(self) -> list[tuple[str, str]]:
         out = []
@@ -222,6 +252,9 @@ class HostProcess:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+        for t in self._readers:
+            t.join(timeout=5)
+        self._release()
         return self._proc.returncode
 
 
@@ -333,6 +366,9 @@ def _show(resources: dict[str, float]) -> str:
 
 
 class Launcher:
+    # Seconds between liveness checks of the running processes (cluster.hang_timeout_s).
+    liveness_every_s = 5.0
+
     def __init__(self, args, cfg, console_out=sys.stdout, console_err=sys.stderr):
         self.args, self.cfg = args, cfg
         self.num_hosts = args.num_hosts
@@ -451,6 +487,8 @@ class Launcher:
         ray = self.ray
         codes: list[int | None] = [None] * len(actors)
         self.primary_error_shown = False
+        hang_timeout = float(self.cfg.cluster.hang_timeout_s)
+        next_liveness = time.monotonic() + self.liveness_every_s
         while True:
             try:
                 polled = ray.get([a.poll.remote() for a in actors], timeout=120)
@@ -466,7 +504,29 @@ class Launcher:
                 return self.failed(actors, *self.root_cause(actors, codes))
             if all(c == EXIT_OK for c in codes):
                 return Outcome(EXIT_OK)
+            if hang_timeout > 0 and time.monotonic() >= next_liveness:
+                next_liveness = time.monotonic() + self.liveness_every_s
+                hung = self.hung(actors, codes, hang_timeout)
+                if hung is not None:
+                    return hung
             time.sleep(0.2)
+
+    def hung(self, actors, codes: list[int | None], timeout: float) -> Outcome | None:
+        """A running process that made no progress for ``timeout`` seconds, as a failure to
+        restart from the last checkpoint (None: every process is alive and working)."""
+        try:
+            idle = self.ray.get([a.idle_seconds.remote() for a in actors], timeout=60)
+        except self.ray.exceptions.RayError:
+            return None  # a lost host shows up in the next poll
+        stuck = [(i, t) for i, t in enumerate(idle) if codes[i] is None and t > timeout]
+        if not stuck:
+            return None
+        process, seconds = stuck[0]
+        return Outcome(
+            EXIT_CRASHED,
+            f"process {process} made no progress for {seconds:.0f} s (cluster.hang_timeout_s={timeout:g})",
+            retryable=True,
+        )
 
     def root_cause(self, actors, codes: list[int | None], grace_s: float = 5.0) -> tuple[int, int]:
         """The failure to report: when one process dies the others fail soon after on

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,21 @@ def run_cli(args, env_extra=None, **kwargs):
         timeout=600,
         **kwargs,
     )
+
+
+def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: int = 2, timeout: float = 600):
+    """``python -m rlinf_jax.<entry> args`` in a child process (`tests/child_main.py`), with an
+    optional fault; returns ``(completed process, seconds between main returning and the
+    process exiting)``; the lag is None when main never returned (a crash)."""
+    marker = Path(tmp_path) / f"returned.{os.getpid()}.{time.monotonic_ns()}"
+    env = {**os.environ, "RLINF_TEST_FAULT": fault or "", "RLINF_TEST_FAULT_AT": str(fault_at)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "child_main.py"), str(marker), entry, *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT,
+    )
+    ended = time.time()
+    lag = ended - float(marker.read_text()) if marker.is_file() else None
+    return proc, lag
 
 
 def clean_env(**extra) -> dict:

@@ -60,7 +60,10 @@ def test_embodied_run_resumed_from_an_old_checkpoint_continues_as_it_did(legacy,
     ]
     assert main(overrides) == 0
     (record,) = read_metrics(tmp_path / "runs" / "resumed" / "metrics.jsonl")
-    want = {k: v for k, v in EXPECTED["embodied_resumed_step3"].items() if not k.startswith("time/")}
+    # approx_kl and clip_frac changed definition since (now the peers' k1 and clipped-term
+    # share); every other number is what 5fe10a3 computed.
+    redefined = ("train/approx_kl", "train/clip_frac")
+    want = {k: v for k, v in EXPECTED["embodied_resumed_step3"].items() if not k.startswith("time/") and k not in redefined}
     _close(record, want, rtol=1e-4)
 
 

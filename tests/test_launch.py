@@ -327,3 +327,40 @@ def test_root_cause_prefers_deliberate_exits_then_outside_kills(seen, final, exp
     launcher.ray = _FAKE_RAY
     hosts = [_FakeHost(code) for code in final]
     assert launcher.root_cause(hosts, list(seen), grace_s=1.0) == expected
+
+
+class _IdleHost:
+    """A host actor whose process runs on but has made no progress for ``idle`` seconds."""
+
+    def __init__(self, idle):
+        self.poll = types.SimpleNamespace(remote=lambda: None)
+        self.take_output = types.SimpleNamespace(remote=lambda: [])
+        self.idle_seconds = types.SimpleNamespace(remote=lambda: idle)
+
+
+def test_a_process_that_makes_no_progress_counts_as_hung_and_is_restarted():
+    from rlinf_jax.config import load_config
+    from rlinf_jax.launch import EXIT_CRASHED, Launcher
+
+    launcher = Launcher.__new__(Launcher)
+    launcher.ray = _FAKE_RAY
+    launcher.cfg = load_config("ppo_brax", ["cluster.hang_timeout_s=30"])
+    launcher.out = launcher.err = sys.stderr
+    launcher.liveness_every_s = 0.0  # check at every poll
+    hosts = [_IdleHost(1.0), _IdleHost(45.0)]
+    assert launcher.hung(hosts, [None, None], 30.0).cause.startswith("process 1 made no progress for 45 s")
+    assert launcher.hung([_IdleHost(1.0), _IdleHost(2.0)], [None, None], 30.0) is None
+    outcome = launcher.watch(hosts)  # both still running: only the liveness check can end the watch
+    assert outcome.code == EXIT_CRASHED and outcome.retryable and "cluster.hang_timeout_s=30" in outcome.cause
+
+
+def test_the_heartbeat_marks_progress(tmp_path, monkeypatch):
+    from rlinf_jax.runtime.distributed import ENV_HEARTBEAT, heartbeat
+
+    beat = tmp_path / "beat"
+    monkeypatch.setenv(ENV_HEARTBEAT, str(beat))
+    heartbeat()
+    first = beat.stat().st_mtime
+    os.utime(beat, (first - 100, first - 100))
+    heartbeat()
+    assert beat.stat().st_mtime >= first

@@ -294,10 +294,83 @@ def test_corrupt_checkpoint_is_bad_input(tmp_path, damage):
     with Checkpointer(tmp_path, keep=3) as ck, pytest.raises(BadInput) as e:
         ck.restore(2, make_state())
     msg = one_line(e)
-    assert str(step_dir) in msg and "corrupt" in msg and "fall back to step 1" in msg
+    assert str(step_dir) in msg and "corrupt" in msg and "the newest checkpoint that verifies is step 1" in msg
     with Checkpointer(tmp_path, keep=3) as ck:  # the earlier step is untouched
         _, meta = ck.restore(1, make_state())
     assert meta == {"step": 1}
+
+
+def _flip_a_kib(step_dir: Path) -> None:
+    """Flips every bit of 1 KiB in the middle of the largest array data file."""
+    data = max((p for p in _state_files(step_dir, "*") if p.parent.name == "d"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    mid = len(raw) // 2
+    raw[mid : mid + 1024] = bytes(b ^ 0xFF for b in raw[mid : mid + 1024])
+    data.write_bytes(bytes(raw))
+
+
+def test_a_bit_flipped_checkpoint_is_refused_and_the_verified_one_named(tmp_path):
+    # Random values: orbax compresses its chunks, and a constant array would shrink to nothing.
+    noise = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
+    big = lambda v: {"w": jnp.asarray(noise + v), "step": jnp.int32(0)}  # noqa: E731
+    with Checkpointer(tmp_path, keep=3) as ck:
+        for s in (1, 2, 3):
+            ck.save(s, big(float(s)), {"step": s})
+    _flip_a_kib(tmp_path / "3")
+    _flip_a_kib(tmp_path / "2")
+    with Checkpointer(tmp_path, keep=3) as ck:
+        with pytest.raises(BadInput) as e:
+            ck.restore(None, big(0.0))
+        msg = one_line(e)
+        assert "checkpoint" in msg and str(tmp_path / "3") in msg and "fails its checksums" in msg
+        assert "the newest checkpoint that verifies is step 1" in msg
+        state, meta = ck.restore(1, big(0.0))
+        assert meta == {"step": 1} and float(state["w"][0, 0]) == pytest.approx(noise[0, 0] + 1.0)
+        assert ck.verified(1, big(0.0)) and not ck.verified(2, big(0.0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint32", "int8", "bool"])
+def test_checksums_are_the_same_on_the_host_and_on_devices(dtype):
+    from rlinf_jax.runtime.checkpoint import _checksum, _checksum_np
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(7, 33)) * 50).astype(dtype)
+    assert _checksum(x) == _checksum_np(np.asarray(x))
+    y = np.asarray(x).copy()
+    y.reshape(-1)[5], y.reshape(-1)[6] = y.reshape(-1)[6], y.reshape(-1)[5]  # a swap moves the weighted sum
+    if y.reshape(-1)[5] != y.reshape(-1)[6]:
+        assert _checksum_np(y)[1] != _checksum_np(np.asarray(x))[1]
+
+
+@pytest.mark.parametrize("failure", ["disk_full", "interrupt"])
+def test_a_save_that_fails_leaves_the_previous_checkpoint_the_latest(tmp_path, monkeypatch, failure):
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    with Checkpointer(tmp_path, keep=3) as ck:
+        ck.save(1, make_state(1.0), {"step": 1})
+        real = ocp.CheckpointManager.save
+
+        def failing(self, *args, **kwargs):
+            real(self, *args, **kwargs)  # the data is written, then the failure comes
+            if failure == "disk_full":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(ocp.CheckpointManager, "save", failing)
+        if failure == "disk_full":
+            with pytest.raises(BadInput) as e:
+                ck.save(2, make_state(2.0), {"step": 2})
+            msg = one_line(e)
+            assert "No space left on device" in msg and "latest complete checkpoint is step 1" in msg
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                ck.save(2, make_state(2.0), {"step": 2})
+        monkeypatch.setattr(ocp.CheckpointManager, "save", real)
+        assert ck.all_steps() == [1]
+        state, meta = ck.restore(None, make_state())
+    assert meta == {"step": 1}
+    assert_same(state, make_state(1.0))
 
 
 @pytest.mark.parametrize("change, key", [

@@ -32,6 +32,10 @@ class RunnerConfig:
     log_interval: int = 5
     # "none", "auto" (latest checkpoint of this run directory) or a checkpoint path.
     resume: str = "none"
+    # Let a resume delete what it would rewrite in the run folder: checkpoints (and logged
+    # steps) after a resume point named in this run, or another run's checkpoints; without
+    # it such a resume is refused.
+    resume_overwrite: bool = False
     keep_checkpoints: int = 3
     # Stop with an error after this many iterations in a row with a skipped (non-finite) update.
     max_nonfinite_updates: int = 10
@@ -201,6 +205,9 @@ class ClusterConfig:
     # Multi-host runs (python -m rlinf_jax.launch): how often a job whose process died is
     # restarted from its latest checkpoint before the launcher gives up.
     max_restarts: int = 2
+    # ... and how long a process may make no progress (no output line, no finished chunk of
+    # iterations) before it counts as hung and the job restarts; 0 = never.
+    hang_timeout_s: float = 1800.0
 
 
 @dataclass

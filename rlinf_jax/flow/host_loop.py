@@ -21,6 +21,7 @@ metric is the headline, what placement.json says. Ctrl-C propagates as
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,10 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.progress import ProgressBar
 from rlinf_jax.flow.trainer import Trainer
-from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, resolve_resume
+from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, list_steps, read_metrics, resolve_resume
 from rlinf_jax.runtime.checkpoint import ResumePoint
-from rlinf_jax.runtime.distributed import barrier, is_multiprocess, is_primary
+from rlinf_jax.runtime.distributed import barrier, heartbeat, is_multiprocess, is_primary
+from rlinf_jax.runtime.files import fs_error_text, is_user_fs_error, write_atomic
 from rlinf_jax.sharding.mesh import fetch, spans_all_processes
 
 
@@ -98,12 +100,38 @@ def open_run_dir(cfg: Config) -> tuple[RunDir, ResumePoint | None]:
     """
     run_dir = RunDir.from_config(cfg)
     resume_path = resolve_resume(cfg, run_dir)
-    if resume_path is None and cfg.runner.resume == "none" and run_dir.has_checkpoints():
-        raise BadInput(
-            f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
-            "or choose another runner.experiment_name"
-        )
+    if resume_path is None and cfg.runner.resume == "none" and not cfg.runner.resume_overwrite:
+        if run_dir.has_checkpoints():
+            raise BadInput(
+                f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
+                "or choose another runner.experiment_name"
+            )
+        if run_dir.metrics_jsonl.is_file() and read_metrics(run_dir.metrics_jsonl):
+            raise BadInput(
+                f"{run_dir.path} holds the metrics of a run that saved no checkpoint; runner.resume=auto starts "
+                "it over (its records are dropped), or choose another runner.experiment_name"
+            )
     return run_dir, resume_path
+
+
+def refuse_to_destroy(cfg: Config, run_dir: RunDir, resume_path: ResumePoint | None, resumed_from: int | None) -> None:
+    """What a resume would delete of the run folder it writes to, refused unless
+    ``runner.resume_overwrite``: checkpoints (and logged steps) after a resume point the user
+    named in this run, or a run folder holding another run's checkpoints. ``auto`` rewinds
+    only the tail a crash left after the latest checkpoint."""
+    if resume_path is None or cfg.runner.resume == "auto" or cfg.runner.resume_overwrite:
+        return
+    own = list_steps(run_dir.checkpoints)
+    same_run = Path(resume_path.directory).absolute() == run_dir.checkpoints.absolute()
+    later = [s for s in own if s > resumed_from] if same_run else own
+    if later:
+        what = f"checkpoints after step {resumed_from} ({', '.join(map(str, later))})" if same_run else (
+            f"the checkpoints of another run ({', '.join(map(str, later))})"
+        )
+        raise BadInput(
+            f"runner.resume={cfg.runner.resume} would delete {what} in {run_dir.path}; choose another "
+            "runner.experiment_name, or pass runner.resume_overwrite=true to replace them"
+        )
 
 
 @dataclass
@@ -133,10 +161,13 @@ class HostLoop:
         self.console = console
         self.primary = is_primary()
         self.compile_sec = 0.0
+        # The newest checkpoint saved while the run was healthy: what a divergence names.
+        self.last_good: Path | None = None
 
     # ------------------------------------------------------------------ what subclasses add
-    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
-        """placement.json (process 0 only); ``metrics``: the first chunk's, when it matters."""
+    def placement_info(self, metrics: dict | None = None) -> dict | None:
+        """What placement.json holds (None: no file); ``metrics``: the first chunk's."""
+        return None
 
     def first_record(self, state) -> dict:
         """What is logged at step 0 of a fresh run."""
@@ -150,6 +181,11 @@ class HostLoop:
         """Adds what the runner derives from a chunk's wall time to ``metrics`` in place."""
 
     # ------------------------------------------------------------------ the loop
+    def write_placement(self, metrics: dict | None = None) -> None:
+        info = self.placement_info(metrics)
+        if info is not None and self.primary:
+            write_atomic(self.run_dir.path / "placement.json", json.dumps(info, indent=2) + "\n")
+
     def evaluate(self, state, step: int) -> dict:
         t0 = time.perf_counter()
         ev = fetch(self.trainer.run_eval(state, eval_key(self.cfg, step)))
@@ -158,43 +194,94 @@ class HostLoop:
         return out
 
     def run(self) -> LoopResult:
-        cfg, trainer, run_dir = self.cfg, self.trainer, self.run_dir
-        primary = self.primary
-        state = trainer.init()
-        resumed_from = None
-        # Restore before anything is written: a bad checkpoint must leave the run dir untouched.
-        if self.resume_path is not None:
-            ckpt_dir, step = self.resume_path
-            target = checkpoint_view(trainer.snapshot(state))
-            ts, meta = Checkpointer(ckpt_dir, keep=cfg.runner.keep_checkpoints).restore(step, target)
-            state = trainer.start(ts)
-            trainer.load_meta(meta)
-            resumed_from = trainer.progress(state)[0]
+        """The run, start to end; the trainer's processes and threads are released on every
+        path out of it (success, bad input, divergence, Ctrl-C)."""
+        try:
+            return self._run()
+        except OSError as e:
+            if not is_user_fs_error(e):
+                raise
+            # A full disk (or a folder made read-only) while logging: what was saved stays.
+            raise BadInput(
+                f"cannot write the run folder {self.run_dir.path} ({fs_error_text(e)}); free space (or fix its "
+                "permissions) and continue with runner.resume=auto"
+            ) from None
+        finally:
+            self.trainer.close()
 
-        if primary:
-            run_dir.create(cfg)
-            self.write_placement(run_dir.path / "placement.json")
-        logger = MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard, write=primary)
-        checkpointer = Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints)
+    def _restore(self, state):
+        """The state a checkpoint holds (verified against its checksums), before anything is
+        written: a bad checkpoint leaves the run folder untouched."""
+        ckpt_dir, step = self.resume_path
+        target = checkpoint_view(self.trainer.snapshot(state))
+        with Checkpointer(ckpt_dir, keep=self.cfg.runner.keep_checkpoints) as ckpt:
+            ts, meta = ckpt.restore(step, target)
+        state = self.trainer.start(ts)
+        self.trainer.load_meta(meta)
+        self.last_good = Path(ckpt_dir) / str(step)
+        return state, self.trainer.progress(state)[0]
+
+    def _rewind(self, logger: MetricsLogger, checkpointer: Checkpointer, resumed_from: int | None) -> None:
         if resumed_from is not None:
             # What was logged or saved after the resume point belongs to a future this run rewrites.
             logger.truncate_after(resumed_from)
             checkpointer.delete_after(resumed_from)
-        elif cfg.runner.resume == "auto":
+        elif self.cfg.runner.resume == "auto" or self.cfg.runner.resume_overwrite:
             # Nothing to resume: a run that died before its first checkpoint (a restarted
-            # multi-host job) starts over, and what it logged belongs to no future.
+            # multi-host job) starts over, and what it logged belongs to no future; with
+            # resume_overwrite, so does whatever the folder held.
             logger.truncate_after(-1)
+            checkpointer.delete_after(-1)
 
-        t0 = time.perf_counter()
-        trainer.compile(state, eval_key(cfg, 0))
-        compile_sec = self.compile_sec = time.perf_counter() - t0
-        barrier("compiled")  # hosts compile at their own pace; the first chunk runs in step
+    def healthy(self, state) -> bool:
+        """False while the latest iterations skipped a non-finite update. Such a state is
+        never checkpointed, so rotation never drops the last good checkpoint."""
+        return self.trainer.progress(state)[1] == 0
 
-        step = start_step = trainer.progress(state)[0]
-        train_sec = 0.0
-        first = last_eval = None
-        show = cfg.runner.progress_bar and primary
-        try:
+    def _save(self, checkpointer: Checkpointer, state, step: int) -> None:
+        meta = {"step": step, **self.trainer.meta()}
+        self.last_good = checkpointer.save(step, checkpoint_state(self.trainer, state), meta)
+
+    def _diverged(self, bad: int, step: int) -> TrainingDiverged:
+        where = f"the last good checkpoint is {self.last_good}" if self.last_good else "no checkpoint was saved"
+        return TrainingDiverged(
+            f"{bad} {self.unit} in a row produced non-finite losses or gradients (skipped, parameters untouched); "
+            f"stopped at step {step}. {self.diverged_hint}; {where}"
+        )
+
+    def _run(self) -> LoopResult:
+        cfg, trainer, run_dir = self.cfg, self.trainer, self.run_dir
+        primary = self.primary
+        state = trainer.init()
+        resumed_from = None
+        if self.resume_path is not None:
+            state, resumed_from = self._restore(state)
+        if run_dir.metrics_jsonl.is_file():
+            read_metrics(run_dir.metrics_jsonl)  # a damaged file is bad input, before anything is written
+        refuse_to_destroy(cfg, run_dir, self.resume_path, resumed_from)
+
+        # Everything is checked: from here on the run writes its folder.
+        if primary:
+            run_dir.create(cfg)
+            self.write_placement()
+        with (
+            MetricsLogger(run_dir, tensorboard=cfg.runner.tensorboard, write=primary) as logger,
+            Checkpointer(run_dir.checkpoints, keep=cfg.runner.keep_checkpoints) as checkpointer,
+        ):
+            self._rewind(logger, checkpointer, resumed_from)
+            if self.last_good is None and checkpointer.latest_step() is not None:
+                self.last_good = checkpointer.step_path(checkpointer.latest_step())
+
+            t0 = time.perf_counter()
+            trainer.compile(state, eval_key(cfg, 0))
+            compile_sec = self.compile_sec = time.perf_counter() - t0
+            barrier("compiled")  # hosts compile at their own pace; the first chunk runs in step
+            heartbeat()
+
+            step = start_step = trainer.progress(state)[0]
+            train_sec = 0.0
+            first = last_eval = None
+            show = cfg.runner.progress_bar and primary
             with ProgressBar(cfg.runner.max_steps, step, show, self.console, self.label, self.shown, self.bar_info) as bar:
                 if step == 0:
                     first = dict(self.first_record(state))
@@ -212,29 +299,31 @@ class HostLoop:
                     step_before, step = step, target
                     final = step == cfg.runner.max_steps
                     self.chunk_metrics(metrics, n, dt, step_before == start_step, step)
+                    heartbeat()
 
                     bad = trainer.progress(state)[1]
                     if bad >= cfg.runner.max_nonfinite_updates:
                         logger.log(step, metrics)
-                        raise TrainingDiverged(
-                            f"{bad} {self.unit} in a row produced non-finite losses or gradients (skipped, "
-                            f"parameters untouched); stopped at step {step}. {self.diverged_hint}; the last good "
-                            f"checkpoint is in {run_dir.checkpoints}"
-                        )
+                        raise self._diverged(bad, step)
                     if due(step, cfg.runner.eval_interval, final):
                         ev = self.evaluate(state, step)
                         metrics.update(ev)
                         if self.eval_metric in ev:
                             last_eval = ev
-                    if due(step, cfg.runner.log_interval, final) or self.eval_metric in metrics:
+                    save = due(step, cfg.runner.save_interval, final)
+                    if save and not self.healthy(state):
+                        # Reached through a skipped update: never saved (see `_save`).
+                        save, metrics["checkpoint/skipped_unhealthy"] = False, 1.0
+                    if due(step, cfg.runner.log_interval, final) or self.eval_metric in metrics or (
+                        "checkpoint/skipped_unhealthy" in metrics
+                    ):
                         logger.log(step, metrics)
-                    if due(step, cfg.runner.save_interval, final):
-                        meta = {"step": step, **trainer.meta()}
-                        checkpointer.save(step, checkpoint_state(trainer, state), meta)
+                    if save:
+                        # The step's record is durable before its checkpoint exists: a run
+                        # killed at any point resumes with the metrics of every saved step.
+                        logger.sync()
+                        self._save(checkpointer, state, step)
                     bar.update(step, metrics)
-        finally:
-            logger.close()
-            trainer.close()
         return LoopResult(
             run_dir=run_dir.path,
             step=step,

@@ -5,8 +5,15 @@ Layout: ``<dir>/<step>/state`` (the array pytree, StandardSave) and ``<dir>/<ste
 it when complete, so a crash mid-save leaves only a temp folder that every listing here
 ignores: the newest *finished* step stays the one we resume from.
 
+Each step folder also holds ``checksums.json``, written once the step is complete: two
+32-bit checksums of every array (its elements as words, plain and position-weighted) and
+a digest of the metadata. A restore recomputes them and refuses a checkpoint whose data
+changed, naming the newest one that still verifies. A step without the file (saved
+before checksums existed, or cut off between the save and the file) restores unverified.
+
 Everything a user can get wrong (missing folder, corrupt files, a state that no longer
-fits what was saved) surfaces as a one-line ``BadInput``.
+fits what was saved, a full disk) surfaces as a one-line ``BadInput``; nothing here has a
+``__del__``: the CheckpointManager is closed by ``close`` (or the ``with`` block).
 
 In a multi-host run every process calls `save`, `delete_after` and `restore` with the
 same arguments: orbax writes each process's shards of global arrays and the metadata
@@ -16,22 +23,28 @@ the others wait for it before they list the folder again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import barrier, is_primary
+from rlinf_jax.runtime.files import is_user_fs_error, write_atomic
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's marker of a step folder still being written
+CHECKSUMS = "checksums.json"
+_NO_EXPLANATION = object()  # a read whose failure needs no fallback named
 
 
 def list_steps(directory: str | os.PathLike) -> list[int]:
@@ -88,6 +101,107 @@ def _short(e: BaseException) -> str:
     if len(text) > 240:
         text = text[:240] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def _words_np(x: np.ndarray) -> np.ndarray:
+    """An array's elements as uint32 words (8-byte elements give two words each)."""
+    x = np.ascontiguousarray(x)
+    size = x.dtype.itemsize
+    if x.dtype == np.bool_:
+        return x.reshape(-1).astype(np.uint32)
+    if size == 8:
+        return x.reshape(-1).view(np.uint32)
+    return x.reshape(-1).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).astype(np.uint32)
+
+
+def _checksum_np(x) -> tuple[int, int]:
+    w = _words_np(np.asarray(x)).astype(np.uint64)
+    index = (np.arange(1, w.size + 1, dtype=np.uint64) & np.uint64(0xFFFFFFFF))
+    # uint64 sums wrap mod 2^64, and 2^32 divides 2^64: the low words are exact.
+    plain = int(np.sum(w, dtype=np.uint64)) & 0xFFFFFFFF
+    weighted = int(np.sum((w * index) & np.uint64(0xFFFFFFFF), dtype=np.uint64)) & 0xFFFFFFFF
+    return plain, weighted
+
+
+@jax.jit
+def _checksum_device(x):
+    if x.dtype == jnp.bool_:
+        w = x.reshape(-1).astype(jnp.uint32)
+    else:
+        unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+        w = jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
+    index = jnp.arange(1, w.size + 1, dtype=jnp.uint32)
+    # uint32 arithmetic wraps mod 2^32 and integer sums do not depend on their order, so the
+    # result is the same however the array is sharded.
+    return jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * index, dtype=jnp.uint32)
+
+
+def _checksum(x) -> tuple[int, int]:
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)  # a typed key is stored as its key data
+    if isinstance(x, jax.Array) and x.dtype.itemsize <= 4:
+        plain, weighted = jax.device_get(_checksum_device(x))
+        return int(plain), int(weighted)
+    return _checksum_np(np.asarray(x))
+
+
+def _flat_leaves(tree) -> dict[str, Any]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_str(k) for k in path): leaf for path, leaf in leaves}
+
+
+def checksums(state, meta: dict) -> dict:
+    """What ``checksums.json`` holds for ``state`` and ``meta``."""
+    arrays = {}
+    for key, leaf in _flat_leaves(state).items():
+        dtype = str(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype)
+        arrays[key] = {"shape": list(_stored_shape(leaf)), "dtype": dtype, "sums": list(_checksum(leaf))}
+    meta_text = json.dumps(meta, sort_keys=True)
+    return {"version": 1, "arrays": arrays, "meta": hashlib.sha256(meta_text.encode()).hexdigest()}
+
+
+def _mismatch(expected: dict, state, meta: dict) -> str | None:
+    """The first difference between a restored ``state`` / ``meta`` and their checksums."""
+    got = _flat_leaves(state)
+    for key, want in expected["arrays"].items():
+        if int(np.prod(want["shape"])) == 0:
+            continue  # empty arrays are stored as placeholders and hold no data
+        if key not in got:
+            return f"{key} is missing"
+        if list(_checksum(got[key])) != want["sums"]:
+            return f"the data of {key} changed"
+    if hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest() != expected["meta"]:
+        return "its metadata changed"
+    return None
+
+
+
+def _quiet_orphaned_reads() -> None:
+    """Drops the "Event loop is closed" reports of reads a failed restore left in flight.
+
+    When one array of a damaged checkpoint fails to read, orbax's restore raises and closes
+    its event loop while tensorstore's other reads are still running; each of those then
+    fails to post its result to the closed loop and reports it through
+    ``sys.unraisablehook``, dozens of tracebacks after our one ``error:`` line. Those
+    reports carry nothing (the restore already failed), so this hook, installed once,
+    drops exactly them and passes everything else on.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "rlinf_quiet_orphaned_reads", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.rlinf_quiet_orphaned_reads = True
+    sys.unraisablehook = hook
 
 
 class ResumePoint(NamedTuple):
@@ -150,12 +264,6 @@ class Checkpointer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     # ------------------------------------------------------------------ listing
 
     def all_steps(self) -> list[int]:
@@ -186,7 +294,10 @@ class Checkpointer:
         if not jax.tree_util.tree_leaves(state):
             # Orbax fails on an empty tree and leaves its background machinery hanging.
             raise ValueError("cannot checkpoint an empty state pytree")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"cannot create checkpoint folder {self.directory}: {e.strerror or e}") from None
         if not self._swept:
             self._sweep_partial_saves()
         mngr = self._mngr()
@@ -196,15 +307,46 @@ class Checkpointer:
         barrier(f"rlinf_checkpoint_listed_{step}")  # ... before process 0 deletes from it
         if exists:
             mngr.delete(step)
-        mngr.save(
-            step,
-            args=ocp.args.Composite(
-                **{STATE: ocp.args.StandardSave(jax.tree.map(_placeholder, state)), META: ocp.args.JsonSave(meta)}
-            ),
-            force=True,
-        )
-        mngr.wait_until_finished()
+        try:
+            mngr.save(
+                step,
+                args=ocp.args.Composite(
+                    **{STATE: ocp.args.StandardSave(jax.tree.map(_placeholder, state)), META: ocp.args.JsonSave(meta)}
+                ),
+                force=True,
+            )
+            mngr.wait_until_finished()
+            sums = checksums(state, meta)
+            if is_primary():
+                write_atomic(self.step_path(step) / CHECKSUMS, json.dumps(sums))
+            barrier(f"rlinf_checkpoint_summed_{step}")
+        except BaseException as e:
+            # A save cut off by Ctrl-C, a full disk or anything else leaves no step behind
+            # that a resume could take for complete: the previous one stays the latest.
+            self._drop_unfinished(step)
+            if is_user_fs_error(e):
+                prev = [s for s in self.all_steps() if s != step]
+                kept = f"the latest complete checkpoint is step {prev[-1]}" if prev else "no earlier checkpoint exists"
+                raise BadInput(
+                    f"cannot write checkpoint {step} in {self.directory} ({_short(e)}); {kept}; free space (or fix "
+                    "the folder's permissions) and continue with runner.resume=auto"
+                ) from None
+            raise
         return self.step_path(step)
+
+    def _drop_unfinished(self, step: int) -> None:
+        if not is_primary():
+            return
+        for p in self.directory.glob(f"*{TMP_SUFFIX}*"):
+            shutil.rmtree(p, ignore_errors=True)
+        path = self.step_path(step)
+        if path.is_dir() and not (path / CHECKSUMS).is_file():
+            shutil.rmtree(path, ignore_errors=True)
+        if self._manager is not None:
+            try:
+                self._manager.reload()
+            except Exception:
+                pass
 
     def _sweep_partial_saves(self) -> None:
         # Temp folders of saves cut off by a crash: never valid, only disk. We are the
@@ -247,6 +389,15 @@ class Checkpointer:
             raise BadInput(
                 f"no checkpoint for step {step} in {self.directory}; available steps: {', '.join(map(str, steps))}"
             )
+        state, meta = self._read(step, steps, target)
+        problem = self._verify(step, state, meta)
+        if problem is not None:
+            raise BadInput(
+                f"checkpoint {self.step_path(step)} fails its checksums ({problem}); {self._fallback(step, steps, target)}"
+            )
+        return state, meta
+
+    def _read(self, step: int, steps: list[int], target: Any, explain: bool = True) -> tuple[Any, dict]:
         target = _as_restorable(target)
         empty_target = target
         if target is not None:
@@ -256,7 +407,7 @@ class Checkpointer:
         try:
             saved = mngr.item_metadata(step)[STATE]
         except Exception as e:  # orbax raises anything from JSONDecodeError to KeyError
-            raise self._corrupt(step, steps, e) from e
+            raise self._corrupt(step, steps, e, target if explain else _NO_EXPLANATION) from e
         if target is not None and saved is not None and getattr(saved, "tree", None) is not None:
             self._check_fits(step, saved.tree, target)
         try:
@@ -264,7 +415,7 @@ class Checkpointer:
                 step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
             )
         except Exception as e:
-            raise self._corrupt(step, steps, e) from e
+            raise self._corrupt(step, steps, e, target if explain else _NO_EXPLANATION) from e
         state = restored[STATE]
         if empty_target is not None:
             state = jax.tree.map(
@@ -272,14 +423,39 @@ class Checkpointer:
             )
         return state, dict(restored[META] or {})
 
-    def _corrupt(self, step: int, steps: list[int], e: BaseException) -> BadInput:
-        others = [s for s in steps if s != step]
-        fallback = (
-            f"delete that folder to fall back to step {max(others)}, or point runner.resume at another checkpoint"
-            if others
-            else "point runner.resume elsewhere or start fresh with runner.resume=none in a new run"
-        )
-        return BadInput(f"checkpoint {self.step_path(step)} is corrupt or unreadable ({_short(e)}); {fallback}")
+    def _verify(self, step: int, state: Any, meta: dict) -> str | None:
+        """None when ``step`` has no checksums (unverifiable) or they match."""
+        path = self.step_path(step) / CHECKSUMS
+        if not path.is_file():
+            return None
+        try:
+            expected = json.loads(path.read_text())
+            expected["arrays"], expected["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{CHECKSUMS} is unreadable"
+        return _mismatch(expected, state, meta)
+
+    def verified(self, step: int, target: Any) -> bool:
+        """Whether ``step`` restores onto ``target`` and matches its checksums."""
+        try:
+            state, meta = self._read(step, self.all_steps(), target, explain=False)
+        except BadInput:
+            return False
+        return (self.step_path(step) / CHECKSUMS).is_file() and self._verify(step, state, meta) is None
+
+    def _fallback(self, step: int, steps: list[int], target: Any) -> str:
+        for other in sorted((s for s in steps if s < step), reverse=True):
+            if self.verified(other, target):
+                return (
+                    f"the newest checkpoint that verifies is step {other} ({self.step_path(other)}): point "
+                    "runner.resume at it, or delete the later step folders and use runner.resume=auto"
+                )
+        return "no earlier checkpoint in that folder verifies; start a new run (another runner.experiment_name)"
+
+    def _corrupt(self, step: int, steps: list[int], e: BaseException, target: Any) -> BadInput:
+        _quiet_orphaned_reads()
+        fallback = "" if target is _NO_EXPLANATION else f"; {self._fallback(step, steps, target)}"
+        return BadInput(f"checkpoint {self.step_path(step)} is corrupt or unreadable ({_short(e)}){fallback}")
 
     def _check_fits(self, step: int, saved_tree, target) -> None:
         saved, wanted = _flat_shapes(saved_tree), _flat_shapes(target)
@@ -320,8 +496,8 @@ def resolve_resume(cfg, run_dir) -> ResumePoint | None:
     if resume == "none":
         return None
     if resume == "auto":
-        step = Checkpointer(run_dir.checkpoints).latest_step()
-        return None if step is None else ResumePoint(Path(run_dir.checkpoints).absolute(), step)
+        steps = list_steps(run_dir.checkpoints)
+        return ResumePoint(Path(run_dir.checkpoints).absolute(), steps[-1]) if steps else None
 
     return find_checkpoint(resume, "runner.resume")
 

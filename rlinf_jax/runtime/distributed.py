@@ -84,6 +84,23 @@ def is_primary() -> bool:
 _barrier_count = itertools.count()
 
 
+# Set by `python -m rlinf_jax.launch` for each training process: a file whose mtime says
+# when the process last made progress (the launcher restarts a job that stops making any).
+ENV_HEARTBEAT = "RLINF_HEARTBEAT_FILE"
+
+
+def heartbeat() -> None:
+    """Marks progress for the launcher's liveness check; free when no launcher watches."""
+    path = os.environ.get(ENV_HEARTBEAT)
+    if path:
+        try:
+            os.utime(path, None)
+        except FileNotFoundError:
+            open(path, "a").close()
+        except OSError:
+            pass  # a heartbeat that cannot be written only weakens the watch
+
+
 def barrier(name: str, timeout_s: float = 1800.0) -> None:
     """Waits until every process got here; free with one process.
 

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.runtime.run_dir import RunDir, write_atomic
+from rlinf_jax.runtime.files import write_atomic
+from rlinf_jax.runtime.run_dir import RunDir
 
 _writer_ids = itertools.count()
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -144,6 +145,12 @@ class MetricsLogger:
             writer.flush()
         return record
 
+    def sync(self) -> None:
+        """Makes every logged record durable (fsync): called at each checkpoint."""
+        if self.write and self._file is not None and not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
     def truncate_after(self, step: int) -> int:
         """Drops records with ``step`` greater than ``step``; returns how many went.
 
@@ -165,11 +172,15 @@ class MetricsLogger:
         return len(records) - len(kept)
 
     def close(self) -> None:
-        if self._file is not None and not self._file.closed:
-            self._file.close()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Closes the file and the TensorBoard writer (and its thread), the writer even when
+        closing the file fails (a full disk fails the last flush)."""
+        try:
+            if self._file is not None and not self._file.closed:
+                self._file.close()
+        finally:
+            if self._writer is not None:
+                writer, self._writer = self._writer, None
+                writer.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,20 +15,7 @@ from rlinf_jax.config.loader import config_to_yaml
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.checkpoint import list_steps
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` in one step, so a reader (or a crash) never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from rlinf_jax.runtime.files import write_atomic
 
 
 @dataclass(frozen=True)

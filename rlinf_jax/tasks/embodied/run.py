@@ -4,7 +4,6 @@ throughput, the auto-placement plan's prediction beside what the first chunk mea
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +64,9 @@ class EmbodiedLoop(HostLoop):
     eval_metric = "eval/return"
     diverged_hint = "Lower actor.optim.lr or check the env's rewards/observations"
 
-    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
+    def placement_info(self, metrics: dict | None = None) -> dict:
         measured = None if metrics is None else metrics["time/env_steps_per_sec"]
-        path.write_text(json.dumps(placement_info(self.trainer, measured), indent=2) + "\n")
+        return placement_info(self.trainer, measured)
 
     def first_record(self, state) -> dict:
         first = {"time/compile_sec": self.compile_sec}
@@ -97,8 +96,7 @@ class EmbodiedLoop(HostLoop):
             # The plan's prediction next to what the first chunk actually ran at.
             metrics["placement/predicted_env_steps_per_sec"] = plan.chosen.predicted_env_steps_per_sec
             metrics["placement/measured_env_steps_per_sec"] = metrics["time/env_steps_per_sec"]
-            if self.primary:
-                self.write_placement(self.run_dir.path / "placement.json", metrics)
+            self.write_placement(metrics)
         metrics["env/steps"] = step * per_iteration
 
 

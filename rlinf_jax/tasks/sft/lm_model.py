@@ -83,7 +83,8 @@ def load_checkpoint_policy(path, dtype=None):
     """The policy of an sft / reasoning run's checkpoint (run folder, checkpoints folder or
     step folder); returns ``(model, ResumePoint)``."""
     point = find_checkpoint(path, "actor.model.path")
-    state, meta = Checkpointer(point.directory).restore(point.step, None)
+    with Checkpointer(point.directory) as ckpt:
+        state, meta = ckpt.restore(point.step, None)
     hf = meta.get(LM_CONFIG_KEY)
     if not isinstance(hf, dict) or not isinstance(state, dict) or "params" not in state:
         raise BadInput(

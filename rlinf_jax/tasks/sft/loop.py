@@ -8,7 +8,6 @@ can point at any sft / reasoning run. Before step 1 the held-out set is scored o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -81,11 +80,11 @@ class LMLoop(HostLoop):
         super().__init__(*args, **kwargs)
         self.label = "sft" if self.cfg.runner.task == "sft" else "rl"
 
-    def write_placement(self, path: Path, metrics: dict | None = None) -> None:
+    def placement_info(self, metrics: dict | None = None) -> dict:
         info = self.trainer.placement.to_json()
         info["runner"] = type(self.trainer).__name__
         info["model"] = self.trainer.model_source
-        path.write_text(json.dumps(info, indent=2) + "\n")
+        return info
 
     def first_record(self, state) -> dict:
         return self.evaluate(state, 0)

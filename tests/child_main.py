@@ -1,0 +1,49 @@
+"""Runs a command-line entry point (`train`, `evaluate`, `convert`) in a child process,
+optionally with a fault injected into checkpoint saving, and records when ``main`` returned
+so that the parent can tell how long the interpreter then took to exit.
+
+    python tests/child_main.py MARKER_FILE train [train arguments]
+
+``RLINF_TEST_FAULT`` = ``sigint`` (a real SIGINT while a checkpoint save is in flight) or
+``enospc`` (the save fails with a full disk), at the save numbered
+``RLINF_TEST_FAULT_AT`` (1-based, default 2).
+"""
+
+import errno
+import os
+import signal
+import sys
+import time
+
+fault = os.environ.get("RLINF_TEST_FAULT", "")
+if fault:
+    import orbax.checkpoint as ocp
+
+    real_save = ocp.CheckpointManager.save
+    calls = {"n": 0}
+    fault_at = int(os.environ.get("RLINF_TEST_FAULT_AT", "2"))
+
+    def save(self, *args, **kwargs):
+        calls["n"] += 1
+        out = real_save(self, *args, **kwargs)  # the data is written; the fault comes before the step is final
+        if calls["n"] == fault_at:
+            if fault == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(10)  # the KeyboardInterrupt lands here
+            elif fault == "enospc":
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return out
+
+    ocp.CheckpointManager.save = save
+
+marker, entry, *argv = sys.argv[1:]
+if entry == "train":
+    from rlinf_jax.train import main
+elif entry == "evaluate":
+    from rlinf_jax.evaluate import main
+else:
+    from rlinf_jax.convert import main
+code = main(argv)
+with open(marker, "w") as f:
+    f.write(repr(time.time()))
+sys.exit(code)

@@ -1,0 +1,259 @@
+"""Runs under faults, as users meet them: every command exits (promptly, on every path),
+checkpoints are verified, a diverging run keeps its last good checkpoint, a resume never
+destroys, bad input is one line. docs/failure_behaviour.md states these promises."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rlinf_jax.flow.host_loop import TrainingDiverged
+from rlinf_jax.runtime import Checkpointer, read_metrics
+from rlinf_jax.tasks.embodied.run import run
+from rlinf_jax.tasks.registry import load_run_config
+from rlinf_jax.train import main
+from tests.conftest import TINY, run_child
+from tests.test_sft import TINY_LM
+from tests.test_vla_flow import TINY_VLA
+
+# A command has exited "promptly" when the interpreter is gone within this many seconds of
+# main returning (it was over 20 minutes when a checkpoint manager closed from __del__).
+PROMPT_S = 15.0
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("error: "), stderr[-2000:]
+    # Nothing follows the error line (orbax's "Event loop is closed" did once).
+    return lines[-1]
+
+
+def _files(run_dir: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def _run_dir_args(tmp_path, name="r", *extra):
+    return [*TINY, f"runner.output_dir={tmp_path}", f"runner.experiment_name={name}", "runner.tensorboard=false",
+            "runner.compilation_cache=''", *extra]
+
+
+def _flip_array_data(ckpts: Path, step: int, scratch: Path) -> None:
+    """Flips 1 KiB of a data file of checkpoint ``step`` such that orbax still reads it,
+    with other values: the silent corruption checksums exist for. Orbax's folder holds
+    several data files and not every one holds array values, so each is tried on a copy."""
+    files = sorted((p for p in (ckpts / str(step) / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+                   key=lambda p: -p.stat().st_size)
+    with Checkpointer(ckpts) as ckpt:
+        clean, _ = ckpt._read(step, [step], None)
+    for f in files:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.copytree(ckpts, scratch)
+        copy = scratch / f.relative_to(ckpts)
+        raw = bytearray(copy.read_bytes())
+        mid = len(raw) // 2
+        raw[mid : mid + 1024] = bytes(b ^ 0xFF for b in raw[mid : mid + 1024])
+        copy.write_bytes(bytes(raw))
+        try:
+            with Checkpointer(scratch) as ckpt:
+                damaged, _ = ckpt._read(step, [step], None)
+        except Exception:
+            continue
+        changed = any(not np.array_equal(np.asarray(a), np.asarray(b))
+                      for a, b in zip(jax.tree.leaves(clean), jax.tree.leaves(damaged)))
+        if changed:
+            f.write_bytes(copy.read_bytes())
+            return
+    raise AssertionError("no data file of the checkpoint holds flippable array values")
+
+
+def test_no_thread_or_process_outlives_a_run(tmp_path):
+    """What made processes hang at exit: resources with threads closed from __del__, or not
+    at all. After main returns nothing of the run's may still run."""
+    import multiprocessing
+
+    before = set(threading.enumerate())
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=2", "runner.save_interval=1")) == 0
+    lingering = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    assert not lingering, lingering
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["embodied", "sft", "reasoning", "vla"])
+def test_every_workload_exits_promptly_after_its_last_line(tmp_path, workload):
+    where = [f"runner.output_dir={tmp_path}", "runner.experiment_name=w", "runner.tensorboard=true"]
+    args = {
+        "embodied": _run_dir_args(tmp_path, "w", "runner.max_steps=2", "runner.save_interval=1", "runner.tensorboard=true"),
+        "sft": ["--config-name", "sft_math", *TINY_LM, *where, "runner.max_steps=2", "runner.eval_interval=2",
+                "data.eval_size=8"],
+        "reasoning": ["--config-name", "grpo_math", *TINY_LM, *where, "runner.max_steps=2", "sft.warm_start_steps=2",
+                      "data.rollout_batch_size=4", "algorithm.group_size=2", "actor.global_batch_size=8",
+                      "actor.micro_batch_size=8", "data.eval_size=8", "sft.batch_size=8"],
+        "vla": ["--config-name", "ppo_vla_tabletop", *TINY_VLA, *where, "runner.max_steps=2", "runner.eval_interval=2",
+                "runner.save_interval=1"],
+    }[workload]
+    proc, lag = run_child("train", args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "saved in" in proc.stdout
+    assert lag is not None and lag < PROMPT_S, lag
+    if workload == "embodied":
+        # The other commands on the run it left: evaluate a checkpoint, and refuse a damaged one.
+        proc, lag = run_child("evaluate", [str(tmp_path / "w")], tmp_path)
+        assert proc.returncode == 0 and json.loads(proc.stdout.strip().splitlines()[-1])["eval/return"] is not None
+        assert lag is not None and lag < PROMPT_S, lag
+        # Damage orbax cannot read past: its restore fails with reads still in flight, whose
+        # reports once followed the error line (a dozen "Event loop is closed" tracebacks).
+        for data in (tmp_path / "w" / "checkpoints" / "2" / "state" / "d").iterdir():
+            raw = bytearray(data.read_bytes())
+            raw[len(raw) // 2 : len(raw) // 2 + 64] = bytes(b ^ 0xFF for b in raw[len(raw) // 2 : len(raw) // 2 + 64])
+            data.write_bytes(bytes(raw))
+        proc, lag = run_child("evaluate", [str(tmp_path / "w" / "checkpoints" / "2")], tmp_path)
+        assert proc.returncode == 2 and "corrupt or unreadable" in _one_error_line(proc.stderr)
+        assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1, proc.stderr[-3000:]
+        assert lag is not None and lag < PROMPT_S, lag
+
+
+@pytest.mark.slow
+def test_convert_exits_promptly_on_success_and_on_bad_input(tmp_path):
+    from rlinf_jax.policies.lm.tiny import save_tiny
+
+    src, _ = save_tiny("qwen2", tmp_path / "hf")
+    proc, lag = run_child("convert", ["--from", str(src), "--to", str(tmp_path / "out")], tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout.strip().splitlines()[-1])["model_type"] == "qwen2"
+    assert lag is not None and lag < PROMPT_S, lag
+    proc, lag = run_child("convert", ["--from", str(src), "--to", str(tmp_path / "out")], tmp_path)
+    assert proc.returncode == 2 and "not empty" in _one_error_line(proc.stderr)
+    assert lag is not None and lag < PROMPT_S, lag
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_save_exits_130_and_keeps_the_last_checkpoint(tmp_path):
+    proc, lag = run_child("train", _run_dir_args(tmp_path, "r", "runner.max_steps=4", "runner.save_interval=1"),
+                          tmp_path, fault="sigint", fault_at=2)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "interrupted:" in proc.stderr and lag is not None and lag < PROMPT_S, (proc.stderr[-2000:], lag)
+    with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1]  # the interrupted save left nothing behind
+    # ... and the run continues from there.
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=3", "runner.save_interval=1", "runner.resume=auto")) == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_error_line_and_keeps_the_last_checkpoint(tmp_path):
+    proc, lag = run_child("train", _run_dir_args(tmp_path, "r", "runner.max_steps=4", "runner.save_interval=1"),
+                          tmp_path, fault="enospc", fault_at=2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_error_line(proc.stderr)
+    assert "No space left on device" in line and "latest complete checkpoint is step 1" in line
+    assert lag is not None and lag < PROMPT_S
+    with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1] and ckpt.verified(1, None)
+
+
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_is_refused_naming_one_that_verifies(tmp_path):
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=3", "runner.save_interval=1")) == 0
+    ckpts = tmp_path / "r" / "checkpoints"
+    _flip_array_data(ckpts, 3, tmp_path / "scratch")
+    before = _files(tmp_path / "r")
+    proc, lag = run_child("train", _run_dir_args(tmp_path, "r", "runner.max_steps=5", "runner.save_interval=1",
+                                                 "runner.resume=auto"), tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_error_line(proc.stderr)
+    assert "fails its checksums" in line and "the newest checkpoint that verifies is step 2" in line
+    assert lag is not None and lag < PROMPT_S
+    assert _files(tmp_path / "r") == before  # nothing written
+
+
+def test_a_diverging_run_saves_nothing_unhealthy_and_names_a_good_checkpoint(tmp_path):
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=2", "runner.save_interval=1",
+                              "runner.keep_checkpoints=2")) == 0
+    # A learning rate that blows the parameters up: the updates after the first are non-finite.
+    cfg = load_run_config("ppo_brax", _run_dir_args(
+        tmp_path, "r", "runner.max_steps=12", "runner.save_interval=1", "runner.keep_checkpoints=2",
+        "runner.resume=auto", "runner.max_nonfinite_updates=3", "actor.optim.lr=1e30",
+    ))
+    with pytest.raises(TrainingDiverged) as e:
+        run(cfg)
+    ckpts = tmp_path / "r" / "checkpoints"
+    with Checkpointer(ckpts) as ckpt:
+        steps = ckpt.all_steps()
+        named = int(str(e.value).split("the last good checkpoint is ")[1].split("/")[-1])
+        assert named == steps[-1] and 1 <= len(steps) <= 2
+        state, _ = ckpt.restore(named, None)  # it verifies
+    records = read_metrics(tmp_path / "r")
+    assert any(r.get("checkpoint/skipped_unhealthy") for r in records)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["params"]))
+
+
+def test_resume_into_a_run_with_later_checkpoints_is_refused(tmp_path, capsys):
+    assert main(_run_dir_args(tmp_path, "a", "runner.max_steps=2", "runner.save_interval=1")) == 0
+    assert main(_run_dir_args(tmp_path, "b", "runner.max_steps=3", "runner.save_interval=1")) == 0
+    capsys.readouterr()
+    before = _files(tmp_path / "b")
+    older = tmp_path / "a" / "checkpoints" / "1"
+    assert main(_run_dir_args(tmp_path, "b", "runner.max_steps=3", f"runner.resume={older}")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "runner.resume_overwrite=true" in err
+    assert _files(tmp_path / "b") == before
+    # Own checkpoint 1 while 2 and 3 exist: also refused, also untouched.
+    own = tmp_path / "b" / "checkpoints" / "1"
+    assert main(_run_dir_args(tmp_path, "b", "runner.max_steps=3", f"runner.resume={own}")) == 2
+    assert _files(tmp_path / "b") == before
+    # Said explicitly: the later future is replaced.
+    assert main(_run_dir_args(tmp_path, "b", "runner.max_steps=2", f"runner.resume={own}",
+                              "runner.resume_overwrite=true")) == 0
+    with Checkpointer(tmp_path / "b" / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [1, 2]
+
+
+def test_a_rejected_run_leaves_its_folder_untouched(tmp_path, capsys):
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=2", "runner.save_interval=1")) == 0
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "{garbled", *lines[1:]]) + "\n")
+    before = _files(tmp_path / "r")
+    capsys.readouterr()
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=3", "runner.resume=auto", "runner.seed=7")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "metrics.jsonl line 2" in err
+    assert _files(tmp_path / "r") == before  # config.yaml and placement.json not rewritten
+
+
+def test_a_fresh_start_over_an_unsaved_run_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "time/compile_sec": 1.0}) + "\n")
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=1")) == 2
+    assert "saved no checkpoint" in capsys.readouterr().err
+    shutil.rmtree(run_dir)
+
+
+def test_a_disk_that_fills_while_logging_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """The disk fills between checkpoints: the metrics file's write fails. One line, exit 2,
+    and the checkpoint saved before it restores."""
+    import errno
+
+    from rlinf_jax.runtime.metrics import MetricsLogger
+
+    real_log, calls = MetricsLogger.log, {"n": 0}
+
+    def log(self, step, metrics):
+        calls["n"] += 1
+        if step >= 2 and self.write:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_log(self, step, metrics)
+
+    monkeypatch.setattr(MetricsLogger, "log", log)
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=3", "runner.save_interval=1", "runner.log_interval=1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "No space left on device" in err and "runner.resume=auto" in err
+    monkeypatch.setattr(MetricsLogger, "log", real_log)
+    with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
+        assert ckpt.latest_step() is not None and ckpt.verified(ckpt.latest_step(), None)
