@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     # Deferred until the arguments are parsed, so that `--help` answers before JAX loads.
     from rlinf_jax.errors import BadInput
-    from rlinf_jax.tasks.embodied.evaluate import evaluate
     from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
+    from rlinf_jax.tasks.saved import evaluate_run
 
     try:
         if args.checkpoint is not None:
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         elif args.path is None:
             raise BadInput("nothing to evaluate: give a run folder (embodied) or --checkpoint DIR (language models)")
         else:
-            result = evaluate(args.path, args.overrides, args.seed, args.strip, args.strip_episodes)
+            result = evaluate_run(args.path, args.overrides, args.seed, args.strip, args.strip_episodes)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

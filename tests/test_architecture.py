@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlinf_jax"
 FLOORS = {
     "errors": 0,
     "algos": 1,
+    "replay": 1,
     "data": 1,
     "rewards": 1,
     "sharding": 1,
@@ -33,13 +34,14 @@ FLOORS = {
     "train": 7,
     "evaluate": 7,
     "convert": 7,
+    "collect": 7,
     "launch": 8,
 }
 # Sub-packages of tasks are workloads: one may build on another (sft on embodied for the
 # VLA, reasoning on sft for its warm start), never in a circle.
 SIBLINGS_ALLOWED = {"tasks"}
 # Command-line entry points may defer their imports so that `--help` answers before JAX loads.
-DEFERRING_ENTRY_POINTS = {"train", "evaluate", "convert", "launch"}
+DEFERRING_ENTRY_POINTS = {"train", "evaluate", "convert", "collect", "launch"}
 # Third-party packages that may be imported inside a function: optional, or heavy and
 # needed on one path only (each such import carries a comment saying which).
 OPTIONAL = {

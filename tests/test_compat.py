@@ -15,7 +15,7 @@ import pytest
 
 from rlinf_jax.config import load_config_file
 from rlinf_jax.runtime import Checkpointer, read_metrics
-from rlinf_jax.tasks.embodied.evaluate import evaluate
+from rlinf_jax.tasks.saved import evaluate_run as evaluate
 from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
 from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
 from rlinf_jax.train import main

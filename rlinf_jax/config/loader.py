@@ -493,14 +493,6 @@ def _validate_env_and_batch(e, a, f) -> None:
     for name in ("rollout_length", "update_epochs", "num_minibatches"):
         v = getattr(a, name)
         _require(v >= 1, f"algorithm.{name}={v} must be >= 1")
-    batch = e.num_envs * a.rollout_length
-    if batch % a.num_minibatches:
-        fits = [d for d in range(1, min(batch, 4 * a.num_minibatches) + 1) if batch % d == 0]
-        nearest = min(fits, key=lambda d: (abs(d - a.num_minibatches), d))
-        raise _bad(
-            f"env.num_envs * algorithm.rollout_length = {e.num_envs} * {a.rollout_length} = {batch} is not divisible "
-            f"by algorithm.num_minibatches={a.num_minibatches}; e.g. set algorithm.num_minibatches={nearest}"
-        )
     _require(f.runner in FLOW_RUNNERS, f"flow.runner={f.runner!r} is unknown; choose one of {', '.join(FLOW_RUNNERS)}")
     _require(f.num_micro_batches >= 1, f"flow.num_micro_batches={f.num_micro_batches} must be >= 1")
     _require(
@@ -530,7 +522,11 @@ def _validate_algorithm(a) -> None:
 
 def _validate_optim(o) -> None:
     _require(math.isfinite(o.lr) and o.lr > 0, f"actor.optim.lr={o.lr} must be > 0")
-    _require(o.max_grad_norm > 0, f"actor.optim.max_grad_norm={o.max_grad_norm} must be > 0")
+    _require(
+        math.isfinite(o.max_grad_norm) and o.max_grad_norm >= 0,
+        f"actor.optim.max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping)",
+    )
+    _require(0 <= o.b1 < 1, f"actor.optim.b1={o.b1} must be in [0, 1)")
     _require(
         o.lr_schedule in LR_SCHEDULES,
         f"actor.optim.lr_schedule={o.lr_schedule!r} is unknown; choose one of {', '.join(LR_SCHEDULES)}",

@@ -18,7 +18,8 @@ from rlinf_jax.rewards.config import RewardConfig
 
 @dataclass
 class RunnerConfig:
-    # Which flow runs: "embodied" (PPO on a batched env), "sft" (supervised fine-tuning of a
+    # Which flow runs: "embodied" (PPO on a batched env), "offpolicy" (SAC, CrossQ, RLPD,
+    # IQL on a batched env, with a replay buffer), "sft" (supervised fine-tuning of a
     # language model) or "reasoning" (RL of a language model on verifiable rewards).
     task: str = "embodied"
     output_dir: str = "runs"
@@ -140,6 +141,8 @@ class OptimConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     critic_lr: float = 1.0e-4
+    # Adam's first-moment decay (the off-policy family; CrossQ uses 0.5).
+    b1: float = 0.9
 
 
 @dataclass
@@ -188,6 +191,35 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_resample: int = 3
     value_clip: float = 0.2  # PPO value-model clip range; 0 = off
+    # The off-policy family (runner.task=offpolicy; algorithm.name = sac | crossq | rlpd |
+    # iql). An iteration is rollout_length batched env steps, each followed by utd_ratio
+    # gradient steps on batch_size transitions sampled from the replay buffer.
+    utd_ratio: int = 1
+    batch_size: int = 256
+    replay_size: int = 1_000_000  # transitions the buffer holds (oldest overwritten)
+    # Transitions collected with uniformly random actions before the first gradient step.
+    learning_starts: int = 5000
+    tau: float = 0.005  # Polyak rate of the target critics (crossq has none)
+    num_q: int = 2  # critics in the ensemble
+    num_min_q: int = 2  # the target's minimum over a random subset of this many (REDQ); = num_q: all
+    actor_q_reduce: str = "min"  # min | mean: the ensemble's value in the actor loss
+    init_alpha: float = 1.0  # initial entropy temperature
+    learn_alpha: bool = True  # tune the temperature towards the target entropy
+    target_entropy_per_dim: float = -1.0  # target entropy = this x the action size
+    policy_delay: int = 1  # the actor and the temperature step once every policy_delay critic steps
+    critic_norm: str = "none"  # none | layer (RLPD) | batch_renorm (CrossQ)
+    renorm_momentum: float = 0.99  # batch_renorm: running-statistics momentum
+    renorm_warmup: int = 100_000  # batch_renorm: updates of plain batch normalisation first
+    # rlpd, iql: a transitions file (python -m rlinf_jax.collect; docs/offpolicy.md).
+    demo_path: str = ""
+    demo_ratio: float = 0.5  # rlpd: share of each batch drawn from the demonstrations
+    expectile: float = 0.7  # iql: the value's expectile
+    awr_temperature: float = 3.0  # iql: beta of the advantage weights exp(beta (Q - V))
+    # Iterations of gradient steps on the dataset alone before the env is stepped (iql offline).
+    offline_iterations: int = 0
+    # Save the replay buffer with each checkpoint (exact resume); false: a resume starts
+    # with an empty buffer and refills it (learning_starts random steps again).
+    replay_in_checkpoint: bool = True
 
 
 @dataclass

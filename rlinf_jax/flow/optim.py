@@ -35,11 +35,16 @@ def guarded_update(tx: optax.GradientTransformation, grads, params, opt_state, l
     return select(ok, new_params, params), select(ok, new_opt_state, opt_state), ok
 
 
-def clipped_adam(lr: float, max_grad_norm: float, schedule: str = "constant", total_steps: int = 1):
-    """Global-norm clipping + Adam; ``schedule="linear"`` decays the rate to 0 over
-    ``total_steps`` updates."""
+def _clip(max_grad_norm: float) -> list:
+    # 0 turns clipping off; the chain keeps one shape per setting.
+    return [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
+
+
+def clipped_adam(lr: float, max_grad_norm: float, schedule: str = "constant", total_steps: int = 1, b1: float = 0.9):
+    """Global-norm clipping (none for ``max_grad_norm=0``) + Adam; ``schedule="linear"``
+    decays the rate to 0 over ``total_steps`` updates."""
     rate = lr if schedule == "constant" else optax.linear_schedule(lr, 0.0, total_steps)
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(rate))
+    return optax.chain(*_clip(max_grad_norm), optax.adam(rate, b1=b1))
 
 
 def clipped_adamw(lr: float, max_grad_norm: float, weight_decay: float, warmup_steps: int,
@@ -51,4 +56,4 @@ def clipped_adamw(lr: float, max_grad_norm: float, weight_decay: float, warmup_s
     decay_steps = max(int(total_steps) - int(warmup_steps), 1)
     tail = optax.linear_schedule(lr, 0.0, decay_steps) if schedule == "linear" else optax.constant_schedule(lr)
     sched = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), tail], [warmup_steps]) if warmup_steps else tail
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=weight_decay)), sched
+    return optax.chain(*_clip(max_grad_norm), optax.adamw(sched, weight_decay=weight_decay)), sched

@@ -18,6 +18,8 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.tasks.embodied import config as embodied_config
 from rlinf_jax.tasks.embodied import run as embodied_run
 from rlinf_jax.tasks.embodied.staged import COMPONENTS as EMBODIED_COMPONENTS
+from rlinf_jax.tasks.offpolicy import config as offpolicy_config
+from rlinf_jax.tasks.offpolicy import run as offpolicy_run
 from rlinf_jax.tasks.reasoning import config as reasoning_config
 from rlinf_jax.tasks.reasoning import run as reasoning_run
 from rlinf_jax.tasks.sft import config as sft_config
@@ -52,6 +54,10 @@ TASKS: dict[str, Task] = {
     "embodied": Task(
         "embodied", embodied_run.run, lambda cfg: EMBODIED_COMPONENTS, embodied_config.reads, embodied_config.check,
         "an",
+    ),
+    "offpolicy": Task(
+        "offpolicy", offpolicy_run.run, lambda cfg: offpolicy_run.COMPONENTS, offpolicy_config.reads,
+        offpolicy_config.check, "an",
     ),
     "sft": Task("sft", sft_run.run, _sft_components, sft_config.reads, sft_config.check, "an"),
     "reasoning": Task(

@@ -76,7 +76,15 @@ VLA_DTYPES = ("float32", "bfloat16")
 
 
 def check(cfg: Config) -> None:
-    m = cfg.actor.model
+    e, a, m = cfg.env, cfg.algorithm, cfg.actor.model
+    batch = e.num_envs * a.rollout_length
+    if batch % a.num_minibatches:
+        fits = [d for d in range(1, min(batch, 4 * a.num_minibatches) + 1) if batch % d == 0]
+        nearest = min(fits, key=lambda d: (abs(d - a.num_minibatches), d))
+        raise BadInput(
+            f"env.num_envs * algorithm.rollout_length = {e.num_envs} * {a.rollout_length} = {batch} is not divisible "
+            f"by algorithm.num_minibatches={a.num_minibatches}; e.g. set algorithm.num_minibatches={nearest}"
+        )
     if m.kind not in POLICIES:
         raise BadInput(f"actor.model.kind={m.kind!r} is unknown; choose {', '.join(POLICIES)}")
     if m.kind == "mlp" and m.activation not in ACTIVATIONS:

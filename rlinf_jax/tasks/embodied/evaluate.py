@@ -9,36 +9,37 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from rlinf_jax.config import load_config_file
-from rlinf_jax.config.schema import FlowConfig
+from rlinf_jax.config.schema import Config, FlowConfig
 from rlinf_jax.errors import BadInput
-from rlinf_jax.runtime import find_checkpoint, restore_checkpoint
+from rlinf_jax.runtime import restore_checkpoint
 from rlinf_jax.runtime.media import image_strip, write_png
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
 
 
-def evaluate(path, overrides=(), seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
-    """The eval metrics of the checkpoint at ``path`` (a run, checkpoints or step folder);
-    with ``strip``, also a PNG of the first ``strip_episodes`` episodes (image envs)."""
-    point = find_checkpoint(path, "path")
-    config_path = Path(point.directory).parent / "config.yaml"
-    if not config_path.is_file():
-        raise BadInput(f"{config_path} is missing: evaluate needs the run folder's resolved config next to checkpoints/")
-    cfg = load_config_file(config_path, overrides)
+def restore(point, cfg: Config):
+    """``(trainer, state)``: the checkpoint at ``point`` on a collocated trainer of ``cfg``
+    (evaluation is one jitted loop whatever layout trained the policy)."""
     if cfg.runner.task != "embodied" and not (cfg.runner.task == "sft" and cfg.actor.model.kind == "vla"):
         raise BadInput(
             f"{point.path} is a checkpoint of a {cfg.runner.task} run of a language model; "
             "evaluate it with: python -m rlinf_jax.evaluate --checkpoint RUN_FOLDER"
         )
-    # Evaluation is one jitted loop whatever layout trained the policy: run it collocated.
     cfg.cluster.component_placement = "collocated"
     cfg.flow = FlowConfig()
-    if strip is not None and Path(strip).exists():
-        raise BadInput(f"--strip {strip} exists; choose a new file name")
     # The checkpoint holds the weights: no warm start to redo.
     trainer = placed_trainer(cfg, make_setup(cfg))
     state, _ = restore_checkpoint(point, trainer.init(), keep=cfg.runner.keep_checkpoints)
+    return trainer, state
+
+
+def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
+    """The eval metrics of the checkpoint at ``point`` (a `ResumePoint`) of a run with
+    config ``cfg``; with ``strip``, also a PNG of the first ``strip_episodes`` episodes
+    (image envs)."""
+    if strip is not None and Path(strip).exists():
+        raise BadInput(f"--strip {strip} exists; choose a new file name")
+    trainer, state = restore(point, cfg)
     metrics = trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed))
     extra = {}
     if strip is not None:

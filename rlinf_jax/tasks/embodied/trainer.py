@@ -124,18 +124,19 @@ class PPOTrainer(Trainer):
         return {}
 
     # -------------------------------------------------------------- evaluation
-    def _deterministic(self, params, stats):
+    def deterministic(self, params, stats):
+        """``obs -> action``: the policy's evaluation action (mode or greedy decode)."""
         model = self.learner.model(params)
         return lambda obs: self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
 
     def episode_frames(self, params, stats, key, num_steps: int):
         """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic
         policy's eval episodes (envs with image observations only)."""
-        run = jax.jit(lambda p, k: episode_frames(self.eval_env, self._deterministic(p, stats), k, num_steps))
+        run = jax.jit(lambda p, k: episode_frames(self.eval_env, self.deterministic(p, stats), k, num_steps))
         return run(params, key)
 
     def _evaluate(self, params, stats, key):
-        policy = self._deterministic(params, stats)
+        policy = self.deterministic(params, stats)
 
         def place(state):
             bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())

@@ -1,0 +1,83 @@
+"""An off-policy run from start to end: the setup, the trainer its placement implies, and
+the host loop with what an off-policy run adds (env-step and gradient-step throughput)."""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+import jax
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
+from rlinf_jax.runtime.distributed import is_primary
+from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.tasks.embodied.run import RunSummary
+from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
+from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+
+# The replay buffer lives with the learner (the actor), on the actor's mesh.
+COMPONENTS = ("env", "rollout", "actor")
+
+
+def build_trainer(cfg: Config, setup: OffPolicySetup | None = None) -> OffPolicyTrainer:
+    setup = make_setup(cfg) if setup is None else setup
+    num_devices = resolve_num_devices(cfg.cluster.num_devices)
+    placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
+    if placement.mode != "collocated":
+        raise BadInput(
+            f"cluster.component_placement={placement.mode}: the off-policy family runs collocated (one fused program "
+            "per chunk) for now; set cluster.component_placement=collocated"
+        )
+    trainer = OffPolicyTrainer(cfg, setup, component_mesh(placement, "actor", jax.devices()[:num_devices]))
+    trainer.placement = placement
+    return trainer
+
+
+class OffPolicyLoop(HostLoop):
+    shown: ClassVar[dict[str, str]] = {"eval/return": "eval", "env/return": "return", "time/env_steps_per_sec": "steps/s"}
+    eval_metric = "eval/return"
+    diverged_hint = "Lower actor.optim.lr / actor.optim.critic_lr or check the env's rewards"
+
+    def placement_info(self, metrics: dict | None = None) -> dict:
+        info = self.trainer.placement.to_json()
+        info["runner"] = type(self.trainer).__name__
+        info["replay"] = "actor"
+        return info
+
+    def first_record(self, state) -> dict:
+        return {"time/compile_sec": self.compile_sec}
+
+    def run_chunk(self, state, n: int):
+        state, sums = self.trainer.run_iterations(state, n)
+        return state, self.trainer.summarize(sums, n)  # blocks until the chunk is done
+
+    def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
+        t = self.trainer
+        metrics["time/env_steps_per_sec"] = n * t.env_steps_per_iteration / dt
+        metrics["time/grad_steps_per_sec"] = metrics["train/gradient_steps"] / dt
+        offline = min(self.cfg.algorithm.offline_iterations, step)
+        metrics["env/steps"] = (step - offline) * t.env_steps_per_iteration
+
+
+def run(cfg: Config, console=None) -> RunSummary:
+    """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
+    t_start = time.perf_counter()
+    enable_compilation_cache(cfg.runner.compilation_cache)
+    run_dir, resume_path = open_run_dir(cfg)
+    trainer = build_trainer(cfg)
+    result = OffPolicyLoop(cfg, trainer, run_dir, resume_path, console).run()
+    per_iteration = trainer.env_steps_per_iteration
+    ran = result.step - result.start_step
+    offline = min(cfg.algorithm.offline_iterations, result.step)
+    return RunSummary(
+        run_dir=result.run_dir,
+        steps=result.step,
+        env_steps=(result.step - offline) * per_iteration,
+        eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
+        env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+        compile_sec=result.compile_sec,
+        wall_sec=time.perf_counter() - t_start,
+        resumed_from=result.resumed_from,
+    )

@@ -1,0 +1,120 @@
+"""What an off-policy trainer is built from: the envs, the networks (actor, Q ensemble, and
+IQL's V), their optimisers, the replay buffer's shape and the dataset a run learns from
+(RLPD's demonstrations, IQL's offline data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.envs import make_env, make_eval_env
+from rlinf_jax.envs.base import Env
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.optim import clipped_adam
+from rlinf_jax.policies.offpolicy import QEnsemble, SquashedGaussianActor, ValueMLP
+from rlinf_jax.replay import ReplayBuffer, TransitionBatch, read_transitions
+from rlinf_jax.runtime.distributed import local_devices_first
+from rlinf_jax.tasks.offpolicy.learner import Learner, Settings
+
+
+@dataclass
+class OffPolicySetup:
+    env: Env
+    eval_env: Env
+    learner: Learner
+    actor: Any  # initial parameters (nnx.State)
+    critic: Any
+    critic_stats: Any
+    value: Any  # iql's V parameters; an empty State otherwise
+    # The dataset of algorithm.demo_path as host arrays (None: the run has none) and what
+    # its file says about itself.
+    dataset: TransitionBatch | None = None
+    dataset_meta: dict | None = None
+
+
+def settings(cfg: Config, env: Env) -> Settings:
+    a = cfg.algorithm
+    demo_batch = round(a.batch_size * a.demo_ratio) if a.name == "rlpd" else 0
+    if a.name == "rlpd" and not 0 < demo_batch < a.batch_size:
+        raise BadInput(
+            f"algorithm.demo_ratio={a.demo_ratio} of algorithm.batch_size={a.batch_size} leaves no room for online or "
+            "demonstration transitions; pick a ratio that splits the batch"
+        )
+    return Settings(
+        algorithm=a.name,
+        num_envs=env.num_envs,
+        rollout_length=a.rollout_length,
+        utd_ratio=a.utd_ratio,
+        batch_size=a.batch_size,
+        demo_batch=demo_batch,
+        learning_starts=a.learning_starts,
+        gamma=a.gamma,
+        reward_scale=a.reward_scale,
+        tau=a.tau,
+        num_min_q=a.num_min_q,
+        actor_q_reduce=a.actor_q_reduce,
+        learn_alpha=a.learn_alpha,
+        target_entropy=a.target_entropy_per_dim * env.action_size,
+        policy_delay=a.policy_delay,
+        normalize_observations=a.normalize_observations,
+        expectile=a.expectile,
+        awr_temperature=a.awr_temperature,
+        offline_iterations=a.offline_iterations,
+    )
+
+
+def optimizer(lr: float, cfg: Config) -> optax.GradientTransformation:
+    o = cfg.actor.optim
+    return clipped_adam(lr, o.max_grad_norm, b1=o.b1)
+
+
+def make_setup(cfg: Config) -> OffPolicySetup:
+    """Envs, fresh networks seeded with ``runner.seed``, the learner's static parts and the
+    dataset (checked against the env's sizes)."""
+    with local_devices_first():
+        env = make_env(cfg.env)
+        eval_env = make_eval_env(cfg.env)
+    if jax.tree.structure(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
+        raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
+    a, m = cfg.algorithm, cfg.actor.model
+    obs_size, act_size = env.observation_size, env.action_size
+    rngs = nnx.Rngs(cfg.runner.seed)
+    actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs)
+    critic = QEnsemble(
+        obs_size, act_size, m.value_hidden_sizes, a.num_q, m.activation, a.critic_norm, a.renorm_momentum,
+        a.renorm_warmup, rngs=rngs,
+    )
+    actor_graph, actor_params = nnx.split(actor)
+    critic_graph, critic_params, critic_stats = nnx.split(critic, nnx.Param, nnx.BatchStat)
+    value_graph, value_params, value_tx = None, nnx.State({}), None
+    if a.name == "iql":
+        value = ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.critic_norm == "layer", rngs=rngs)
+        value_graph, value_params = nnx.split(value)
+        value_tx = optimizer(cfg.actor.optim.critic_lr, cfg)
+    s = settings(cfg, env)
+    buffer = ReplayBuffer(a.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.batch_size)
+    dataset = meta = None
+    if a.name in ("rlpd", "iql"):
+        dataset, meta = read_transitions(a.demo_path, obs_size, act_size)
+        if a.name == "iql" and dataset.size > buffer.capacity:
+            raise BadInput(
+                f"algorithm.demo_path holds {dataset.size} transitions, more than algorithm.replay_size={a.replay_size} "
+                "keeps; iql loads the dataset into the replay buffer: raise algorithm.replay_size"
+            )
+    learner = Learner(
+        settings=s,
+        actor_graph=actor_graph,
+        critic_graph=critic_graph,
+        value_graph=value_graph,
+        actor_tx=optimizer(cfg.actor.optim.lr, cfg),
+        critic_tx=optimizer(cfg.actor.optim.critic_lr, cfg),
+        alpha_tx=optimizer(cfg.actor.optim.lr, cfg),
+        value_tx=value_tx,
+        buffer=buffer,
+    )
+    return OffPolicySetup(env, eval_env, learner, actor_params, critic_params, critic_stats, value_params, dataset, meta)

@@ -1,0 +1,162 @@
+"""The fused off-policy trainer: env steps, replay inserts and gradient steps of a chunk of
+iterations in one `jax.jit`, the env batch and the replay buffer's rows sharded over the
+mesh's batch axes (each device steps its envs and keeps their transitions), parameters
+replicated. The maths is `learner`'s; this class holds what is static and offers the host
+loop's trainer protocol (`rlinf_jax.flow.trainer.Trainer`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.envs import normalization
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.replay import TransitionBatch, TransitionDataset
+from rlinf_jax.rollout import evaluate_policy
+from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate, shard_batch
+from rlinf_jax.sharding.mesh import replicated
+from rlinf_jax.tasks.offpolicy import learner as lib
+from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
+from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
+
+
+def preload(buffer, replay, dataset: TransitionBatch, num_envs: int):
+    """``replay`` with the dataset appended, ``num_envs`` transitions per add (a remainder
+    of fewer than ``num_envs`` transitions is left out)."""
+    rows = dataset.size // num_envs
+    chunks = jax.tree.map(lambda x: jnp.asarray(x[: rows * num_envs]).reshape(rows, num_envs, *x.shape[1:]), dataset)
+    return jax.lax.scan(lambda r, step: (buffer.add(r, step), None), replay, chunks)[0]
+
+
+class OffPolicyTrainer(Trainer):
+    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
+        n = batch_divisor(mesh)
+        for name, env in (("env.num_envs", setup.env), ("env.num_eval_envs", setup.eval_env)):
+            if env.num_envs % n:
+                raise BadInput(f"{name}={env.num_envs} is not divisible by the {n} devices of the mesh; use a multiple of {n}")
+        self.cfg, self.mesh, self.setup = cfg, mesh, setup
+        self.env, self.eval_env = setup.env, setup.eval_env
+        self.learner = dataclasses.replace(setup.learner, batch_sharding=replicated(mesh))
+        s = self.learner.settings
+        self.substeps = cfg.env.action_repeat
+        self.env_steps_per_iteration = s.num_envs * s.rollout_length * self.substeps
+        self.grad_steps_per_iteration = s.rollout_length * s.utd_ratio
+        # RLPD's demonstrations: a fixed argument of every chunk, replicated.
+        self.demos = None
+        if s.demo_batch:
+            self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh)
+        self.run_chunk = jax.jit(functools.partial(lib.run_chunk, self.env, self.learner), donate_argnums=0)
+        self.evaluate = jax.jit(self._evaluate)
+
+    # ----------------------------------------------------------------- state
+    def fresh_state(self) -> OffPolicyState:
+        cfg, setup, learner = self.cfg, self.setup, self.learner
+        key = jax.random.PRNGKey(cfg.runner.seed)
+        key, reset_key = jax.random.split(key)
+        env_state = jax.jit(self.env.reset)(reset_key)
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  (the chunk donates its state)
+        log_alpha = jnp.log(jnp.asarray(cfg.algorithm.init_alpha, jnp.float32))
+        critic = copy(setup.critic)
+        return OffPolicyState(
+            actor=copy(setup.actor),
+            critic=critic,
+            critic_stats=copy(setup.critic_stats),
+            target_critic=copy(setup.critic) if learner.settings.has_target else nnx.State({}),
+            value=copy(setup.value),
+            log_alpha=log_alpha,
+            actor_opt=learner.actor_tx.init(setup.actor),
+            critic_opt=learner.critic_tx.init(critic),
+            alpha_opt=learner.alpha_tx.init(log_alpha),
+            value_opt=learner.value_tx.init(setup.value) if learner.value_tx is not None else nnx.State({}),
+            obs_stats=normalization.init_stats(self.env.observation_size),
+            env_state=env_state,
+            replay=self.empty_replay(env_state),
+            key=key,
+            step=jnp.zeros((), jnp.int32),
+            grad_steps=jnp.zeros((), jnp.int32),
+            bad_iterations=jnp.zeros((), jnp.int32),
+        )
+
+    def empty_replay(self, env_state):
+        """A new buffer (for iql holding the dataset, which it learns from first)."""
+        learner = self.learner
+        example = TransitionBatch(
+            obs=env_state.obs, action=jnp.zeros((learner.settings.num_envs, self.env.action_size), jnp.float32),
+            reward=env_state.reward, next_obs=env_state.obs, terminated=env_state.reward,
+        )
+        replay = jax.jit(learner.buffer.init)(example)
+        if learner.settings.algorithm == "iql":
+            replay = jax.jit(lambda r: preload(learner.buffer, r, self.setup.dataset, learner.settings.num_envs))(replay)
+        return replay
+
+    def init(self) -> OffPolicyState:
+        return self.place(self.fresh_state())
+
+    def place(self, ts: OffPolicyState) -> OffPolicyState:
+        """The env batch and the buffer's rows split over the batch axes; the rest replicated."""
+        rest = replicate(ts.replace(env_state=None, replay=None), self.mesh)
+        replay = ts.replay.replace(
+            experience=shard_batch(ts.replay.experience, self.mesh, self.env.num_envs),
+            current_index=replicate(ts.replay.current_index, self.mesh),
+            is_full=replicate(ts.replay.is_full, self.mesh),
+        )
+        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs), replay=replay)
+
+    # ---------------------------------------------------------- trainer protocol
+    def snapshot(self, ts: OffPolicyState):
+        # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
+        return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
+
+    def start(self, restored) -> OffPolicyState:
+        if restored.replay is None:
+            restored = restored.replace(replay=self.empty_replay(restored.env_state))
+        return self.place(restored)
+
+    def progress(self, ts: OffPolicyState) -> tuple[int, int]:
+        return int(ts.step), int(ts.bad_iterations)
+
+    def compile(self, ts: OffPolicyState, eval_key) -> None:
+        self._chunk = self.run_chunk.lower(ts, self.demos, jnp.int32(1)).compile()
+        self._eval = self.evaluate.lower(ts.actor, ts.obs_stats, eval_key).compile()
+
+    def run_iterations(self, ts: OffPolicyState, n: int):
+        return self._chunk(ts, self.demos, jnp.int32(n))
+
+    def run_eval(self, ts: OffPolicyState, key) -> dict:
+        return self._eval(ts.actor, ts.obs_stats, key)
+
+    def summarize(self, sums: dict, n: int) -> dict[str, float]:
+        return lib.summarize(sums, n, self.learner.settings.rollout_length, self.substeps)
+
+    def meta(self) -> dict:
+        info = {"algorithm": self.learner.settings.algorithm}
+        if self.setup.dataset_meta is not None:
+            info["dataset"] = {"path": self.cfg.algorithm.demo_path, **self.setup.dataset_meta}
+        return info
+
+    # -------------------------------------------------------------- evaluation
+    def policy(self, actor_params, stats):
+        """The deterministic policy ``obs -> action`` of the given parameters."""
+        return lib.greedy(self.learner, actor_params, stats)
+
+    def _evaluate(self, actor_params, stats, key):
+        policy = self.policy(actor_params, stats)
+
+        def place(state):
+            bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())
+            return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, bs if np.ndim(x) else rep), state)
+
+        ret, length, _ = evaluate_policy(self.eval_env, policy, key, self.cfg.env.episode_length, place)
+        return {
+            "eval/return": jnp.mean(ret),
+            "eval/return_std": jnp.std(ret),
+            "eval/episode_length": jnp.mean(length) * self.substeps,
+        }

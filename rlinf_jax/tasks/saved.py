@@ -1,0 +1,74 @@
+"""Saved runs of every task that trains a policy on an env: where a checkpoint's run config
+is, the policy a checkpoint holds as functions on observations, and its evaluation.
+
+`restore_policy` is what collecting transitions (``python -m rlinf_jax.collect``) and
+notebooks build on; ``python -m rlinf_jax.evaluate RUN`` calls `evaluate_run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlinf_jax.config import load_config_file
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime import find_checkpoint
+from rlinf_jax.runtime.checkpoint import ResumePoint
+from rlinf_jax.tasks.embodied import evaluate as embodied_eval
+from rlinf_jax.tasks.offpolicy import evaluate as offpolicy_eval
+from rlinf_jax.tasks.offpolicy import learner as offpolicy_lib
+
+
+def run_config(path, overrides=()) -> tuple[ResumePoint, Config]:
+    """The checkpoint ``path`` means (a run, checkpoints or step folder) and the config of
+    its run (its ``config.yaml``, with ``overrides``)."""
+    point = find_checkpoint(path, "path")
+    config_path = Path(point.directory).parent / "config.yaml"
+    if not config_path.is_file():
+        raise BadInput(f"{config_path} is missing: a saved run needs its resolved config next to checkpoints/")
+    return point, load_config_file(config_path, overrides)
+
+
+@dataclass
+class RestoredPolicy:
+    """The policy of a checkpoint: ``act(obs)`` its evaluation action (the mode),
+    ``sample(obs, per-env keys)`` an action drawn from it; both take a batch of
+    observations of ``env`` and return env actions."""
+
+    cfg: Config
+    checkpoint: str
+    step: int
+    env: Any  # the run's batched training env
+    eval_env: Any
+    act: Callable
+    sample: Callable
+
+    def __call__(self, obs):
+        return self.act(obs)
+
+
+def restore_policy(path, overrides=()) -> RestoredPolicy:
+    point, cfg = run_config(path, overrides)
+    if cfg.runner.task == "offpolicy":
+        trainer, state = offpolicy_eval.restore(point, cfg)
+        act = offpolicy_lib.greedy(trainer.learner, state.actor, state.obs_stats)
+        sample = offpolicy_lib.acting(trainer.learner, state.actor, state.obs_stats)
+    else:
+        trainer, state = embodied_eval.restore(point, cfg)
+        act = trainer.deterministic(state.params, state.obs_stats)
+        acting = trainer.policy_fn(state.params, state.obs_stats)
+        sample = lambda obs, keys: acting(obs, keys)[0]  # noqa: E731  (the env action of (action, raw, logprob))
+    return RestoredPolicy(cfg, str(point.path), int(state.step), trainer.env, trainer.eval_env, act, sample)
+
+
+def evaluate_run(path, overrides=(), seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
+    """The evaluation of the checkpoint at ``path`` (see ``python -m rlinf_jax.evaluate``)."""
+    point, cfg = run_config(path, overrides)
+    if cfg.runner.task == "offpolicy":
+        if strip is not None:
+            raise BadInput("--strip needs an env with image observations; off-policy runs have flat ones")
+        return offpolicy_eval.evaluate(point, cfg, seed)
+    return embodied_eval.evaluate(point, cfg, seed, strip, strip_episodes)
