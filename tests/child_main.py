@@ -1,4 +1,4 @@
-"""Runs a command-line entry point (`train`, `evaluate`, `convert`) in a child process,
+"""Runs a command-line entry point (`train`, `evaluate`, `convert`, `collect`, `launch`) in a child process,
 optionally with a fault injected into checkpoint saving, and records when ``main`` returned
 so that the parent can tell how long the interpreter then took to exit.
 
@@ -41,6 +41,10 @@ if entry == "train":
     from rlinf_jax.train import main
 elif entry == "evaluate":
     from rlinf_jax.evaluate import main
+elif entry == "collect":
+    from rlinf_jax.collect import main
+elif entry == "launch":
+    from rlinf_jax.launch import main
 else:
     from rlinf_jax.convert import main
 code = main(argv)

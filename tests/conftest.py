@@ -12,10 +12,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+# One persistent JAX compilation cache for the whole test session, every xdist worker and
+# every child process included (they inherit the environment): many tests compile the
+# same small programs, and a cached executable computes exactly what a fresh compile does.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"rlinf_jax_test_cache_{os.getuid()}")
+)
 
 # Small enough to compile and run in seconds on a 2-core CPU, big enough to learn a little.
 TINY = [
@@ -53,12 +61,13 @@ def run_cli(args, env_extra=None, **kwargs):
     )
 
 
-def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: int = 2, timeout: float = 600):
+def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: int = 2, timeout: float = 600,
+              env: dict | None = None):
     """``python -m rlinf_jax.<entry> args`` in a child process (`tests/child_main.py`), with an
     optional fault; returns ``(completed process, seconds between main returning and the
     process exiting)``; the lag is None when main never returned (a crash)."""
     marker = Path(tmp_path) / f"returned.{os.getpid()}.{time.monotonic_ns()}"
-    env = {**os.environ, "RLINF_TEST_FAULT": fault or "", "RLINF_TEST_FAULT_AT": str(fault_at)}
+    env = {**(os.environ if env is None else env), "RLINF_TEST_FAULT": fault or "", "RLINF_TEST_FAULT_AT": str(fault_at)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "child_main.py"), str(marker), entry, *args],
         capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT,

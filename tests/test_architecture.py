@@ -4,8 +4,8 @@ an import cycle, and imports sit at the top of their module.
 
 The floors, top to bottom (docs/architecture.md):
 
-    launch -> train / evaluate / convert -> tasks -> flow -> rollout
-      -> envs, policies, runtime -> config -> algos, data, rewards, sharding -> errors
+    launch -> train / evaluate / convert / collect -> tasks -> flow -> rollout
+      -> envs, policies, runtime -> config -> algos, data, rewards, sharding, replay -> errors
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ def test_every_schema_key_is_spelled_out_by_a_recipe():
     # The default recipe of each workload spells out every key of these sections its task reads.
     ("ppo_brax", ["runner", "env", "algorithm", "cluster", "flow"]),
     ("grpo_math", ["data", "reward", "rollout", "sft", "algorithm"]),
+    ("sac_brax", ["runner", "env", "algorithm", "actor", "cluster", "flow"]),
 ])
 def test_default_recipe_of_each_workload_covers_what_its_task_reads(recipe, sections):
     from rlinf_jax.tasks.registry import task_of

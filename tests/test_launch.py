@@ -28,7 +28,10 @@ import numpy as np
 import pytest
 
 from rlinf_jax.runtime import read_metrics
-from tests.conftest import TINY, clean_env, forced_devices_env
+from tests.conftest import TINY, clean_env, forced_devices_env, run_child
+
+# One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
+pytestmark = pytest.mark.xdist_group("ray")
 
 # 8 iterations of 16 envs x 16 steps, a checkpoint every 2: enough to kill a process after
 # the first checkpoint and before the end.
@@ -114,8 +117,10 @@ def ray_address():
 @pytest.mark.slow
 def test_two_hosts_match_one_host_collocated(ray_address, tmp_path):
     ref = _one_host(tmp_path, "one_host")
-    proc = _launch(ray_address, *RUN, f"runner.output_dir={tmp_path}", "runner.experiment_name=two_hosts")
+    proc, lag = run_child("launch", _launch_argv(ray_address, *RUN, f"runner.output_dir={tmp_path}",
+                                                 "runner.experiment_name=two_hosts")[3:], tmp_path, env=clean_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert lag is not None and lag < 15, lag  # the launcher exits within seconds of its last line
     run_dir = tmp_path / "two_hosts"
     _assert_close(_numbers(run_dir), _numbers(ref))
     assert "done: 8 iterations" in proc.stdout  # process 0's summary reaches the launcher's stdout
@@ -243,15 +248,11 @@ def test_placement_beyond_the_global_device_count(tmp_path):
 def test_placement_beyond_the_devices_the_processes_find(ray_address, tmp_path):
     # Without --devices-per-host only the processes know their devices (4 each here,
     # through XLA_FLAGS); both reject the placement, the launcher shows one line.
-    proc = _launch(
-        ray_address,
-        *TINY,
-        "cluster.component_placement={env: 0-3, rollout: 4-7, actor: 0-11}",
-        f"runner.output_dir={tmp_path}",
-        devices=None,
-        env=forced_devices_env(4),
-    )
+    argv = _launch_argv(ray_address, *TINY, "cluster.component_placement={env: 0-3, rollout: 4-7, actor: 0-11}",
+                        f"runner.output_dir={tmp_path}", devices=None)
+    proc, lag = run_child("launch", argv[3:], tmp_path, env=forced_devices_env(4))
     assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lag is not None and lag < 15, lag  # the launcher exits within seconds of its error line
     errors = _error_lines(proc.stderr)
     assert len(errors) == 1 and "device rank 8 is out of range; 8 device(s) exist" in errors[0], proc.stderr
     assert "restart" not in proc.stderr  # bad input is not retried

@@ -4,6 +4,8 @@ and eight devices."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,6 +198,14 @@ def _final_state(run_dir):
         return ckpt.restore(ckpt.latest_step(), None)[0]
 
 
+def _assert_same_final_state(run_a, run_b):
+    """The latest checkpoints of two runs hold the same arrays, bit for bit; returns one."""
+    a, b = _final_state(run_a), _final_state(run_b)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
+    return a
+
+
 @pytest.mark.slow
 def test_resume_with_the_replay_buffer_is_bit_identical(tmp_path):
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.save_interval=2",
@@ -203,9 +213,7 @@ def test_resume_with_the_replay_buffer_is_bit_identical(tmp_path):
     assert main([*common, "runner.experiment_name=straight", "runner.max_steps=4"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=2"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=4", "runner.resume=auto"]) == 0
-    a, b = _final_state(tmp_path / "straight"), _final_state(tmp_path / "resumed")
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=jax.tree_util.keystr(path))
+    a = _assert_same_final_state(tmp_path / "straight", tmp_path / "resumed")
     assert int(a["replay"]["current_index"]) > 0
     # Every logged training number is the same (the first invocation's last step also ran
     # an evaluation, which reads the state and changes nothing).
@@ -215,19 +223,57 @@ def test_resume_with_the_replay_buffer_is_bit_identical(tmp_path):
     assert ra[1:] == rb[1:] and len(ra) == 5  # step 0 holds the compile time alone
 
 
+def _trained(records):
+    return [{k: v for k, v in r.items() if k.startswith(("train/", "env/", "rollout/"))} for r in records[1:]]
+
+
+def _assert_same(a, b, what):
+    assert len(a) == len(b), what
+    for ra, rb in zip(_trained(a), _trained(b)):
+        assert ra.keys() == rb.keys(), what
+        for key, value in ra.items():
+            assert rb[key] == pytest.approx(value, rel=1e-3, abs=1e-5), (what, key)
+
+
 @pytest.mark.slow
 @pytest.mark.devices(8)
-def test_one_and_eight_devices_give_the_same_numbers(tmp_path):
-    common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=3",
-              "runner.eval_interval=3", "runner.log_interval=1", "algorithm.learning_starts=64"]
-    assert main([*common, "runner.experiment_name=one", "cluster.num_devices=1"]) == 0
-    assert main([*common, "runner.experiment_name=eight"]) == 0
-    one, eight = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eight")
-    assert len(one) == len(eight) == 4
-    for r1, r8 in zip(one[1:], eight[1:]):
-        for key, value in r1.items():
-            if key.startswith(("train/", "env/", "rollout/")):
-                assert r8[key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
+def test_every_layout_gives_the_same_numbers_on_eight_devices(tmp_path):
+    """One device and eight, fused and staged, collocated, disaggregated and hybrid: the
+    same numbers. The asynchronous mode (the rollout one iteration behind) has numbers of
+    its own, and the same ones in every layout."""
+    common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=2",
+              "runner.eval_interval=2", "runner.log_interval=1", "algorithm.learning_starts=64"]
+    runs = {
+        "one": ["cluster.num_devices=1"],
+        "fused": [],
+        "disaggregated": ["cluster.component_placement=disaggregated"],
+        "hybrid": ["cluster.component_placement=hybrid"],
+        "async_disaggregated": ["cluster.component_placement=disaggregated", "flow.max_staleness=1"],
+        "async_hybrid": ["cluster.component_placement=hybrid", "flow.max_staleness=1"],
+    }
+    for name, extra in runs.items():
+        assert main([*common, f"runner.experiment_name={name}", *extra]) == 0, name
+    metrics = {name: read_metrics(tmp_path / name) for name in runs}
+    for name in ("one", "disaggregated", "hybrid"):
+        _assert_same(metrics["fused"], metrics[name], name)
+    _assert_same(metrics["async_disaggregated"], metrics["async_hybrid"], "async")
+    # The lag shows from the second iteration on: the first acts with the initial parameters either way.
+    assert _trained(metrics["async_hybrid"])[1]["train/q_mean"] != pytest.approx(_trained(metrics["fused"])[1]["train/q_mean"], rel=1e-4)
     # The greedy evaluation amplifies the last bits (a matrix product of one row per device
     # rounds differently from one of eight rows): an episode may end a step apart.
-    assert eight[-1]["eval/return"] == pytest.approx(one[-1]["eval/return"], rel=0.05)
+    assert metrics["fused"][-1]["eval/return"] == pytest.approx(metrics["one"][-1]["eval/return"], rel=0.05)
+    placement = json.loads((tmp_path / "async_hybrid" / "placement.json").read_text())
+    assert placement["mode"] == "hybrid" and placement["runner"] == "StagedOffPolicy" and placement["max_staleness"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_an_asynchronous_disaggregated_run_resumes_exactly(tmp_path):
+    """The parameters the rollout acts with (one iteration old) are in the checkpoint."""
+    common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.save_interval=2",
+              "runner.eval_interval=4", "runner.log_interval=1", "algorithm.learning_starts=64",
+              "cluster.component_placement=disaggregated", "flow.max_staleness=1"]
+    assert main([*common, "runner.experiment_name=straight", "runner.max_steps=4"]) == 0
+    assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=2"]) == 0
+    assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=4", "runner.resume=auto"]) == 0
+    _assert_same_final_state(tmp_path / "straight", tmp_path / "resumed")

@@ -28,6 +28,9 @@ from tests.conftest import forced_devices_env
 from tests.test_launch import _assert_close, _launch
 from tests.test_reasoning_flow import TINY_LM
 
+# One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
+pytestmark = pytest.mark.xdist_group("ray")
+
 # The embodied launcher tests' local Ray cluster (4 logical CPUs, bound to localhost).
 ray_address = test_launch.ray_address
 

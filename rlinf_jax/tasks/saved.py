@@ -70,5 +70,14 @@ def evaluate_run(path, overrides=(), seed: int = 0, strip=None, strip_episodes: 
     if cfg.runner.task == "offpolicy":
         if strip is not None:
             raise BadInput("--strip needs an env with image observations; off-policy runs have flat ones")
-        return offpolicy_eval.evaluate(point, cfg, seed)
-    return embodied_eval.evaluate(point, cfg, seed, strip, strip_episodes)
+        step, metrics = offpolicy_eval.evaluate(point, cfg, seed)
+    else:
+        step, metrics = embodied_eval.evaluate(point, cfg, seed, strip, strip_episodes)
+    return {
+        "checkpoint": str(point.path),
+        "step": step,
+        "env": f"{cfg.env.suite}/{cfg.env.name}",
+        "episodes": cfg.env.num_eval_envs,
+        "seed": seed,
+        **metrics,
+    }

@@ -33,26 +33,17 @@ def restore(point, cfg: Config):
     return trainer, state
 
 
-def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
-    """The eval metrics of the checkpoint at ``point`` (a `ResumePoint`) of a run with
-    config ``cfg``; with ``strip``, also a PNG of the first ``strip_episodes`` episodes
-    (image envs)."""
+def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int = 4) -> tuple[int, dict]:
+    """``(step, eval metrics)`` of the checkpoint at ``point`` (a `ResumePoint`) of a run
+    with config ``cfg``; with ``strip``, the metrics also name a PNG of the first
+    ``strip_episodes`` episodes (image envs)."""
     if strip is not None and Path(strip).exists():
         raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer, state = restore(point, cfg)
-    metrics = trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed))
-    extra = {}
+    metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed)).items()}
     if strip is not None:
-        extra["strip"] = str(save_strip(trainer, state, cfg, seed, strip, strip_episodes))
-    return {
-        "checkpoint": str(point.path),
-        "step": int(state.step),
-        "env": f"{cfg.env.suite}/{cfg.env.name}",
-        "episodes": cfg.env.num_eval_envs,
-        "seed": seed,
-        **{k: float(v) for k, v in metrics.items()},
-        **extra,
-    }
+        metrics["strip"] = str(save_strip(trainer, state, cfg, seed, strip, strip_episodes))
+    return int(state.step), metrics
 
 
 def save_strip(trainer, state, cfg, seed: int, path, episodes: int):

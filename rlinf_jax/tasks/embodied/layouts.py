@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 
 from rlinf_jax.config.schema import Config
-from rlinf_jax.errors import BadInput
+from rlinf_jax.flow import runners
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
@@ -28,14 +28,7 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
     devices = jax.devices()[:num_devices]
     if placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
-    f = cfg.flow
-    fusable = placement.mode == "collocated" and f.num_micro_batches == 1 and f.max_staleness == 0
-    if f.runner == "fused" and not fusable:
-        raise BadInput(
-            f"flow.runner=fused needs a collocated placement, flow.num_micro_batches=1 and flow.max_staleness=0 "
-            f"(got {placement.mode}, {f.num_micro_batches}, {f.max_staleness}); use flow.runner=auto"
-        )
-    if f.runner == "fused" or (f.runner == "auto" and fusable):
+    if runners.fused(cfg.flow, placement):
         trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices))
     else:
         trainer = StagedPPO(cfg, setup, placement, devices)

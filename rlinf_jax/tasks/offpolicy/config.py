@@ -71,7 +71,10 @@ def check(cfg: Config) -> None:
     _require(cfg.env.suite != "tabletop", "the off-policy family needs flat observations; the tabletop's are images")
     for key in ("utd_ratio", "batch_size", "num_q", "num_min_q", "policy_delay"):
         _require(getattr(a, key) >= 1, f"algorithm.{key}={getattr(a, key)} must be >= 1")
-    _require(a.learning_starts >= 0, f"algorithm.learning_starts={a.learning_starts} must be >= 0")
+    _require(
+        0 <= a.learning_starts <= a.replay_size,
+        f"algorithm.learning_starts={a.learning_starts} must lie in [0, algorithm.replay_size={a.replay_size}]",
+    )
     _require(a.num_min_q <= a.num_q, f"algorithm.num_min_q={a.num_min_q} must be <= algorithm.num_q={a.num_q}")
     _require(a.replay_size >= a.batch_size, f"algorithm.replay_size={a.replay_size} must be >= algorithm.batch_size={a.batch_size}")
     _require(a.replay_size >= cfg.env.num_envs, f"algorithm.replay_size={a.replay_size} must hold at least one transition per env ({cfg.env.num_envs})")

@@ -19,14 +19,8 @@ def restore(point, cfg: Config):
     return trainer, trainer.start(state)
 
 
-def evaluate(point, cfg: Config, seed: int = 0) -> dict:
+def evaluate(point, cfg: Config, seed: int = 0) -> tuple[int, dict]:
+    """``(step, eval metrics)`` of the checkpoint at ``point`` of a run with config ``cfg``."""
     trainer, state = restore(point, cfg)
     metrics = trainer.evaluate(state.actor, state.obs_stats, jax.random.PRNGKey(seed))
-    return {
-        "checkpoint": str(point.path),
-        "step": int(state.step),
-        "env": f"{cfg.env.suite}/{cfg.env.name}",
-        "episodes": cfg.env.num_eval_envs,
-        "seed": seed,
-        **{k: float(v) for k, v in metrics.items()},
-    }
+    return int(state.step), {k: float(v) for k, v in metrics.items()}

@@ -68,6 +68,7 @@ class Settings:
     expectile: float
     awr_temperature: float
     offline_iterations: int
+    preloaded: int = 0  # transitions in the buffer before the first env step (iql's dataset)
 
     @property
     def has_target(self) -> bool:
@@ -114,8 +115,14 @@ class OffPolicyState:
     replay: Any
     key: jax.Array
     step: jax.Array  # iterations done
+    env_steps: jax.Array  # batched env steps done (decides the random warm-up)
     grad_steps: jax.Array  # gradient steps done (the policy delay counts them)
     bad_iterations: jax.Array
+    # The actor parameters and observation statistics the rollout acts with in the next
+    # iteration: the newest ones, except with flow.max_staleness=1 in a staged layout,
+    # where the rollout runs one iteration behind the learner (see `staged`).
+    rollout_actor: Any
+    rollout_stats: normalization.RunningStats
 
 
 # ------------------------------------------------------------------ networks as functions
@@ -224,21 +231,33 @@ def _sac_actor_step(learner: Learner, ts: OffPolicyState, batch: TransitionBatch
 def sac_step(learner: Learner, ts: OffPolicyState, batch: TransitionBatch, key):
     """One critic step and, every ``policy_delay`` steps, one actor and temperature step.
     Returns ``(state, ok, metrics)``; a non-finite update is skipped whole (see
-    `rlinf_jax.flow.optim.guarded_update`)."""
+    `rlinf_jax.flow.optim.guarded_update`).
+
+    SAC's actor reads the critic as it was before this step's critic update (Brax's order:
+    both updates read one state, so they are independent and may run side by side);
+    CrossQ's reads the updated critic and its new batch statistics, as its reference code.
+    """
     s = learner.settings
     k_critic, k_actor = jax.random.split(key)
-    ts, critic_ok, metrics = _sac_critic_step(learner, ts, batch, k_critic)
+    after, critic_ok, metrics = _sac_critic_step(learner, ts, batch, k_critic)
+    read = ts if s.has_target else after
 
-    def actor_turn(ts):
-        return _sac_actor_step(learner, ts, batch, k_actor)
+    def actor_turn(read):
+        return _sac_actor_step(learner, read, batch, k_actor)
 
-    def skip(ts):
-        # Zeros: these metrics are averaged over the actor's turns only (`summarize`).
-        zero = jnp.zeros((), jnp.float32)
-        return ts, jnp.array(True), {"train/actor_loss": zero, "train/entropy": zero, "train/alpha": zero}
+    if s.policy_delay == 1:
+        actor_state, actor_ok, a_metrics = actor_turn(read)
+        turn = jnp.array(True)
+    else:
+        def skip(read):
+            # Zeros: these metrics are averaged over the actor's turns only (`summarize`).
+            zero = jnp.zeros((), jnp.float32)
+            return read, jnp.array(True), {"train/actor_loss": zero, "train/entropy": zero, "train/alpha": zero}
 
-    turn = (ts.grad_steps % s.policy_delay) == 0
-    ts, actor_ok, a_metrics = jax.lax.cond(turn, actor_turn, skip, ts)
+        turn = (ts.grad_steps % s.policy_delay) == 0
+        actor_state, actor_ok, a_metrics = jax.lax.cond(turn, actor_turn, skip, read)
+    ts = after.replace(actor=actor_state.actor, actor_opt=actor_state.actor_opt, log_alpha=actor_state.log_alpha,
+                       alpha_opt=actor_state.alpha_opt)
     metrics.update(a_metrics)
     metrics["train/actor_updates"] = turn.astype(jnp.float32)
     return ts, critic_ok & actor_ok, metrics
@@ -319,18 +338,24 @@ def gradient_steps(learner: Learner, ts: OffPolicyState, demos, key, n: int):
 # ------------------------------------------------------------------ acting and iterations
 
 
-def env_step(env: Env, learner: Learner, ts: OffPolicyState, key):
-    """One batched env step: the policy's actions (uniform random ones until the buffer
-    holds ``learning_starts`` transitions), the transitions into the buffer, the running
-    observation statistics moved. Returns the state and the step's episode sums."""
+def warming_up(learner: Learner, env_steps) -> jax.Array:
+    """Whether the next batched env step acts uniformly at random: until the buffer holds
+    ``learning_starts`` transitions. The buffer's size is known from the env steps taken
+    (and what was loaded first), so the acting side needs no word from the buffer."""
     s = learner.settings
-    state = ts.env_state
-    keys = env_keys(key, s.num_envs)
-    policy_action = acting(learner, ts.actor, ts.obs_stats)(state.obs, keys)
-    uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), policy_action.shape[1:], minval=-1.0,
+    return s.preloaded + env_steps * s.num_envs < s.learning_starts
+
+
+def choose_action(learner: Learner, actor_params, stats, obs, keys, warm):
+    """The policy's sample, or a uniform random action while ``warm``; one key per env."""
+    action = acting(learner, actor_params, stats)(obs, keys)
+    uniform = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), action.shape[1:], minval=-1.0,
                                                     maxval=1.0))(keys)
-    warm = learner.buffer.size(ts.replay) < s.learning_starts
-    action = jnp.where(warm, uniform, policy_action)
+    return jnp.where(warm, uniform, action)
+
+
+def step_env(env: Env, state, action, warm):
+    """One batched env step: ``(next env state, the transitions, the step's episode sums)``."""
     nxt = env.step(state, action)
     info = nxt.info
     transition = TransitionBatch(
@@ -340,72 +365,103 @@ def env_step(env: Env, learner: Learner, ts: OffPolicyState, key):
         next_obs=info.get("final_obs", nxt.obs),
         terminated=nxt.done * (1.0 - nxt.truncated),
     )
-    replay = learner.buffer.add(ts.replay, transition)
-    obs_stats = ts.obs_stats
-    if s.normalize_observations:
-        obs_stats = select(finite(state.obs), normalization.update_stats(obs_stats, state.obs), obs_stats)
     done = nxt.done
     sums = {
         "env/return_sum": jnp.sum(info.get("episode_return", jnp.zeros_like(done)) * done),
         "env/length_sum": jnp.sum(info.get("episode_length", jnp.zeros_like(done)) * done),
         "env/episodes": jnp.sum(done),
         "rollout/reward_mean": jnp.mean(nxt.reward),
-        "rollout/random_actions": warm.astype(jnp.float32),
+        "rollout/random_actions": jnp.asarray(warm, jnp.float32),
     }
-    return ts.replace(env_state=nxt, replay=replay, obs_stats=obs_stats), sums
+    return nxt, transition, sums
 
 
-def _zeros_like_metrics(learner: Learner, ts, demos):
+def zero_metrics(learner: Learner, ts, demos):
+    """The learner's metrics of one step, all zero (a step before learning starts)."""
     shapes = jax.eval_shape(lambda t, k: gradient_steps(learner, t, demos, k, 1)[1], ts, jax.random.PRNGKey(0))
     return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
 
-def online_iteration(env: Env, learner: Learner, ts: OffPolicyState, demos, key):
-    """``rollout_length`` x (a batched env step, then ``utd_ratio`` gradient steps once the
-    buffer can be learned from)."""
+def learn_step(learner: Learner, ts: OffPolicyState, transition: TransitionBatch, demos, key):
+    """What follows one batched env step on the learner's side: the transitions into the
+    buffer, the running observation statistics moved, and ``utd_ratio`` gradient steps once
+    the buffer can be learned from."""
     s = learner.settings
-    zeros = _zeros_like_metrics(learner, ts, demos)
-    ready_at = max(s.learning_starts, s.online_batch, 1)
+    obs_stats = ts.obs_stats
+    if s.normalize_observations:
+        obs_stats = select(finite(transition.obs), normalization.update_stats(obs_stats, transition.obs), obs_stats)
+    ts = ts.replace(replay=learner.buffer.add(ts.replay, transition), obs_stats=obs_stats, env_steps=ts.env_steps + 1)
+    ready = learner.buffer.size(ts.replay) >= max(s.learning_starts, s.online_batch, 1)
+    zeros = zero_metrics(learner, ts, demos)
+    return jax.lax.cond(ready, lambda t: gradient_steps(learner, t, demos, key, s.utd_ratio), lambda t: (t, zeros), ts)
 
-    def body(ts, k):
-        k_env, k_learn = jax.random.split(k)
-        ts, sums = env_step(env, learner, ts, k_env)
-        ready = learner.buffer.size(ts.replay) >= ready_at
-        ts, metrics = jax.lax.cond(
-            ready, lambda t: gradient_steps(learner, t, demos, k_learn, s.utd_ratio), lambda t: (t, zeros), ts
-        )
+
+def iteration_keys(key, rollout_length: int):
+    """``(the state's next key, per-step env keys [T], per-step learner keys [T])`` from the
+    state's key: the same draws in every layout."""
+    key, it_key = jax.random.split(key)
+    pairs = jax.vmap(jax.random.split)(step_keys(it_key, rollout_length))
+    return key, pairs[:, 0], pairs[:, 1]
+
+
+def online_iteration(env: Env, learner: Learner, ts: OffPolicyState, demos, env_keys_, learn_keys):
+    """``rollout_length`` x (a batched env step acting with the newest parameters, then
+    `learn_step`): the fused program's iteration."""
+    s = learner.settings
+
+    def body(ts, keys):
+        k_env, k_learn = keys
+        warm = warming_up(learner, ts.env_steps)
+        state = ts.env_state
+        action = choose_action(learner, ts.actor, ts.obs_stats, state.obs, env_keys(k_env, s.num_envs), warm)
+        nxt, transition, sums = step_env(env, state, action, warm)
+        ts, metrics = learn_step(learner, ts.replace(env_state=nxt), transition, demos, k_learn)
         return ts, {**metrics, **sums}
 
-    ts, out = jax.lax.scan(body, ts, step_keys(key, s.rollout_length))
+    ts, out = jax.lax.scan(body, ts, (env_keys_, learn_keys))
     return ts, jax.tree.map(jnp.sum, out)
 
 
-def offline_iteration(env: Env, learner: Learner, ts: OffPolicyState, demos, key):
+def offline_iteration(learner: Learner, ts: OffPolicyState, demos, learn_keys):
     """The same number of gradient steps as an online iteration, on the buffer's data
     alone (iql before ``offline_iterations``): no env step."""
     s = learner.settings
-    ts, metrics = gradient_steps(learner, ts, demos, key, s.rollout_length * s.utd_ratio)
+
+    def body(ts, k):
+        return gradient_steps(learner, ts, demos, k, s.utd_ratio)
+
+    ts, metrics = jax.lax.scan(body, ts, learn_keys)
+    metrics = jax.tree.map(jnp.sum, metrics)
     zero = jnp.zeros((), jnp.float32)
     return ts, {**metrics, "env/return_sum": zero, "env/length_sum": zero, "env/episodes": zero,
                 "rollout/reward_mean": zero, "rollout/random_actions": zero}
 
 
-def iteration(env: Env, learner: Learner, ts: OffPolicyState, demos):
-    key, it_key = jax.random.split(ts.key)
-    s = learner.settings
-    if s.offline_iterations:
-        ts, sums = jax.lax.cond(
-            ts.step < s.offline_iterations,
-            lambda t: offline_iteration(env, learner, t, demos, it_key),
-            lambda t: online_iteration(env, learner, t, demos, it_key),
-            ts,
-        )
-    else:
-        ts, sums = online_iteration(env, learner, ts, demos, it_key)
+def finish_iteration(learner: Learner, ts: OffPolicyState, sums: dict, key, rollout_actor, rollout_stats):
+    """The bookkeeping every layout ends an iteration with: the key, the counters, the
+    divergence count, and what the rollout acts with next (``rollout_actor``)."""
     skipped = sums["train/skipped_updates"]
-    ts = ts.replace(key=key, step=ts.step + 1, bad_iterations=jnp.where(skipped > 0, ts.bad_iterations + 1, 0))
+    ts = ts.replace(
+        key=key, step=ts.step + 1, bad_iterations=jnp.where(skipped > 0, ts.bad_iterations + 1, 0),
+        rollout_actor=rollout_actor, rollout_stats=rollout_stats,
+    )
     sums["rollout/replay_size"] = learner.buffer.size(ts.replay).astype(jnp.float32)
     return ts, sums
+
+
+def iteration(env: Env, learner: Learner, ts: OffPolicyState, demos):
+    """One iteration of the fused program; the rollout always acts with the newest
+    parameters, so what it will act with next is the learner's."""
+    key, env_keys_, learn_keys = iteration_keys(ts.key, learner.settings.rollout_length)
+    s = learner.settings
+    online = lambda t: online_iteration(env, learner, t, demos, env_keys_, learn_keys)  # noqa: E731
+    if s.offline_iterations:
+        ts, sums = jax.lax.cond(
+            ts.step < s.offline_iterations, lambda t: offline_iteration(learner, t, demos, learn_keys), online, ts
+        )
+    else:
+        ts, sums = online(ts)
+    return finish_iteration(learner, ts, sums, key, ts.actor, ts.obs_stats)
 
 
 def run_chunk(env: Env, learner: Learner, ts: OffPolicyState, demos, num_iterations):

@@ -10,27 +10,35 @@ import jax
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow import runners
 from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
+from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 
 # The replay buffer lives with the learner (the actor), on the actor's mesh.
 COMPONENTS = ("env", "rollout", "actor")
 
 
-def build_trainer(cfg: Config, setup: OffPolicySetup | None = None) -> OffPolicyTrainer:
+def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None):
+    """The fused trainer where it applies (collocated, synchronous), the staged one elsewhere."""
     setup = make_setup(cfg) if setup is None else setup
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
-    placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
-    if placement.mode != "collocated":
-        raise BadInput(
-            f"cluster.component_placement={placement.mode}: the off-policy family runs collocated (one fused program "
-            "per chunk) for now; set cluster.component_placement=collocated"
-        )
-    trainer = OffPolicyTrainer(cfg, setup, component_mesh(placement, "actor", jax.devices()[:num_devices]))
+    devices = jax.devices()[:num_devices]
+    if placement is None:
+        if cfg.cluster.component_placement == "auto":
+            raise BadInput(
+                "cluster.component_placement=auto is not available for the off-policy family yet; name a preset "
+                "(collocated, disaggregated, hybrid) or a mapping"
+            )
+        placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
+    if runners.fused(cfg.flow, placement):
+        trainer = OffPolicyTrainer(cfg, setup, component_mesh(placement, "actor", devices))
+    else:
+        trainer = StagedOffPolicy(cfg, setup, placement, devices)
     trainer.placement = placement
     return trainer
 
@@ -44,6 +52,7 @@ class OffPolicyLoop(HostLoop):
         info = self.trainer.placement.to_json()
         info["runner"] = type(self.trainer).__name__
         info["replay"] = "actor"
+        info["max_staleness"] = self.cfg.flow.max_staleness
         return info
 
     def first_record(self, state) -> dict:

@@ -4,6 +4,7 @@ IQL's V), their optimisers, the replay buffer's shape and the dataset a run lear
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,8 @@ def make_setup(cfg: Config) -> OffPolicySetup:
                 f"algorithm.demo_path holds {dataset.size} transitions, more than algorithm.replay_size={a.replay_size} "
                 "keeps; iql loads the dataset into the replay buffer: raise algorithm.replay_size"
             )
+    if a.name == "iql":
+        s = dataclasses.replace(s, preloaded=dataset.size // env.num_envs * env.num_envs)
     learner = Learner(
         settings=s,
         actor_graph=actor_graph,

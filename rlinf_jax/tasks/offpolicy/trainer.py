@@ -81,8 +81,11 @@ class OffPolicyTrainer(Trainer):
             replay=self.empty_replay(env_state),
             key=key,
             step=jnp.zeros((), jnp.int32),
+            env_steps=jnp.zeros((), jnp.int32),
             grad_steps=jnp.zeros((), jnp.int32),
             bad_iterations=jnp.zeros((), jnp.int32),
+            rollout_actor=copy(setup.actor),
+            rollout_stats=normalization.init_stats(self.env.observation_size),
         )
 
     def empty_replay(self, env_state):
@@ -125,6 +128,9 @@ class OffPolicyTrainer(Trainer):
 
     def compile(self, ts: OffPolicyState, eval_key) -> None:
         self._chunk = self.run_chunk.lower(ts, self.demos, jnp.int32(1)).compile()
+        self.compile_eval(ts, eval_key)
+
+    def compile_eval(self, ts: OffPolicyState, eval_key) -> None:
         self._eval = self.evaluate.lower(ts.actor, ts.obs_stats, eval_key).compile()
 
     def run_iterations(self, ts: OffPolicyState, n: int):
