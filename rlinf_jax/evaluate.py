@@ -23,6 +23,8 @@ import argparse
 import json
 import sys
 
+from rlinf_jax.cli_module import make_callable
+
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m rlinf_jax.evaluate", description=__doc__.splitlines()[0])
@@ -71,6 +73,9 @@ def main(argv=None) -> int:
     print(json.dumps(result))
     return 0
 
+
+# `rj.evaluate(...)` (this module, called) is `rlinf_jax.api.evaluate`: see rlinf_jax/cli_module.py.
+make_callable(__name__)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlinf_jax.cli_module import make_callable
+
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
     console.print(summary.text())
     return 0
 
+
+# `rj.train(...)` (this module, called) is `rlinf_jax.api.train`: see rlinf_jax/cli_module.py.
+make_callable(__name__)
 
 if __name__ == "__main__":
     sys.exit(main())

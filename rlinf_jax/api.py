@@ -1,0 +1,304 @@
+"""The public Python API: what a notebook or a script needs, from the top-level package.
+
+    import rlinf_jax as rj
+
+    cfg = rj.load_config("ppo_brax", ["runner.max_steps=20"])
+    result = rj.train(cfg)                      # what `python -m rlinf_jax.train` does
+    result.metrics.plot("eval/return")          # the learning curve
+    policy = rj.restore(result.run_dir)         # actions (control, VLA) or text (LM)
+    rj.evaluate(result.run_dir)                 # what `python -m rlinf_jax.evaluate` does
+
+The CLIs are thin wrappers over the same functions: `train` calls the task's run as
+``python -m rlinf_jax.train`` does, `evaluate` dispatches as ``python -m rlinf_jax.evaluate``
+does. Bad input raises `rlinf_jax.errors.BadInput` (its message is the CLI's ``error:``
+line); nothing here calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.runtime import find_checkpoint
+from rlinf_jax.runtime.metrics import read_metrics as _read_records
+
+__all__ = [
+    "Config", "LMSampler", "Metrics", "TrainResult", "evaluate", "list_envs", "list_recipes", "load_config",
+    "read_metrics", "restore", "train",
+]
+
+LM_TASKS = ("sft", "reasoning")
+
+
+def list_recipes() -> list[str]:
+    """The recipe names `load_config` takes (the YAML files in ``rlinf_jax/configs``)."""
+    from rlinf_jax.config import list_recipes as recipes
+
+    return list(recipes())
+
+
+def list_envs() -> dict[str, list[str]]:
+    """The envs of each suite, ``{suite: [name, ...]}`` (``env.suite`` / ``env.name``)."""
+    from rlinf_jax.envs import list_envs as envs
+
+    return {suite: list(names) for suite, names in envs().items()}
+
+
+def load_config(name: str = "ppo_brax", overrides: Sequence[str] | dict = (), config_dir=None) -> Config:
+    """The checked config of a recipe with ``overrides`` (``["key=value", ...]`` as on the
+    command line, or a ``{"key": value}`` dict). A key the recipe's task would ignore is an
+    error, as on the command line; keys a base recipe set that the task ignores are named
+    in one warning on stderr."""
+    from rlinf_jax.tasks.registry import load_run_config
+
+    return load_run_config(name, _override_list(overrides), config_dir,
+                           warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+
+
+def _override_list(overrides) -> list[str]:
+    if isinstance(overrides, dict):
+        return [f"{k}={_yaml_value(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str):
+        raise BadInput(f"overrides must be a list of 'key=value' strings or a dict, not the string {overrides!r}")
+    return list(overrides)
+
+
+def _yaml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_yaml_value(x) for x in v) + "]"
+    if isinstance(v, (str, os.PathLike)):
+        text = str(v)
+        # Quoted so the loader keeps it a string ("" and "1e-3"-looking names included).
+        return "'" + text.replace("'", "''") + "'"
+    return repr(v)
+
+
+# ------------------------------------------------------------------ metrics
+
+
+class Metrics(list):
+    """The records of a run's ``metrics.jsonl``: a list of dicts (one per logged step,
+    each with ``step``) that can also be read by column.
+
+    ``m.column("eval/return")`` gives ``(steps, values)`` numpy arrays over the records
+    that hold the key; ``m.last("eval/return")`` its newest value; ``m.plot(keys...)``
+    draws them against the step with matplotlib.
+    """
+
+    def keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for r in self:
+            seen.update(dict.fromkeys(r))
+        return [k for k in seen if k != "step"]
+
+    def column(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = [r for r in self if key in r]
+        if not rows and key not in self.keys():
+            raise KeyError(f"no metric {key!r} in this run; it logged {', '.join(sorted(self.keys())) or 'nothing'}")
+        steps = np.array([r["step"] for r in rows], np.int64)
+        return steps, np.array([r[key] for r in rows], np.float64)
+
+    def last(self, key: str, default=None):
+        for r in reversed(self):
+            if key in r:
+                return r[key]
+        return default
+
+    def plot(self, *keys: str, ax=None, title: str | None = None):
+        """One line per key against the step on ``ax`` (a new figure without one); returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.5))
+        for key in keys or ("eval/return",):
+            steps, values = self.column(key)
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        if title:
+            ax.set_title(title)
+        return ax
+
+
+def read_metrics(run) -> Metrics:
+    """The metrics of a run folder (or its ``metrics.jsonl``), as `Metrics`."""
+    return Metrics(_read_records(run))
+
+
+# ------------------------------------------------------------------ train
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns: the run folder, the task's summary, every logged record, and
+    the newest value of each metric (``final``)."""
+
+    config: Config
+    run_dir: Path
+    summary: Any  # the task's summary (what the CLI prints as `text()`)
+    metrics: Metrics
+    final: dict = field(default_factory=dict)
+
+    def restore(self, overrides=()):
+        """The trained policy (see `restore`)."""
+        return restore(self.run_dir, overrides)
+
+    def __repr__(self) -> str:
+        headline = {k: v for k, v in self.final.items() if k.startswith("eval/")}
+        return f"TrainResult(run_dir={str(self.run_dir)!r}, steps={self.final.get('step')}, {headline})"
+
+
+def train(cfg: Config | str, overrides: Sequence[str] | dict = (), console=None) -> TrainResult:
+    """Trains (or, with ``runner.resume``, continues) the run ``cfg`` describes, as
+    ``python -m rlinf_jax.train`` does; ``cfg`` may also be a recipe name, with
+    ``overrides``. Progress shows as a bar (in Jupyter as a live cell output) unless
+    ``runner.progress_bar=false``. Divergence raises `TrainingDiverged`, Ctrl-C
+    `KeyboardInterrupt`; the last good checkpoint stays in the run folder either way."""
+    from rich.console import Console
+
+    from rlinf_jax.tasks.registry import task_of
+
+    if isinstance(cfg, str):
+        cfg = load_config(cfg, overrides)
+    elif overrides:
+        raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
+    summary = task_of(cfg).run(cfg, console=console if console is not None else Console())
+    run_dir = Path(summary.run_dir)
+    metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else Metrics()
+    final: dict = {}
+    for record in metrics:
+        final.update(record)
+    return TrainResult(cfg, run_dir, summary, metrics, final)
+
+
+# ------------------------------------------------------------------ evaluate
+
+
+def _task_of_saved(path: Path) -> str | None:
+    """The task of the run a checkpoint path belongs to, or None for a model directory."""
+    if path.is_dir() and (path / "config.json").is_file():
+        return None
+    point = find_checkpoint(path, "path")
+    config_path = Path(point.directory).parent / "config.yaml"
+    if not config_path.is_file():
+        raise BadInput(f"{config_path} is missing: a saved run needs its resolved config next to checkpoints/")
+    from rlinf_jax.config import load_config_file
+
+    return load_config_file(config_path).runner.task
+
+
+def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, **lm_options) -> dict:
+    """The evaluation of a saved run (its run folder, checkpoints folder or one step).
+
+    Control and VLA runs: the greedy policy's ``eval/*`` metrics over the run's
+    ``env.num_eval_envs`` episodes. Language-model runs (sft, reasoning) and Hugging Face /
+    converted model directories: pass@k on the run's held-out split or ``data=PATH``
+    (``lm_options``: ``data``, ``ks``, ``n``, ``temperature``, ``out``, ``progress``),
+    as ``python -m rlinf_jax.evaluate --checkpoint`` does.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such path; give a run folder, a checkpoint or a model directory")
+    overrides = _override_list(overrides)
+    task = _task_of_saved(path)
+    if task is None or task in LM_TASKS and not _is_vla_run(path):
+        from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
+
+        return evaluate_lm(path, overrides=overrides, seed=seed, **lm_options)
+    if lm_options:
+        raise BadInput(f"{', '.join(sorted(lm_options))}: options of language-model evaluation; {path} is a {task} run")
+    from rlinf_jax.tasks.saved import evaluate_run
+
+    return evaluate_run(path, overrides, seed)
+
+
+def _is_vla_run(path: Path) -> bool:
+    from rlinf_jax.config import load_config_file
+
+    point = find_checkpoint(path, "path")
+    return load_config_file(Path(point.directory).parent / "config.yaml").actor.model.kind == "vla"
+
+
+# ------------------------------------------------------------------ restore
+
+
+@dataclass
+class LMSampler:
+    """A language model of a saved run, with its run's tokenizer and prompt template:
+    ``sampler(["What is 2+3?"])`` returns the responses as text."""
+
+    config: Config
+    checkpoint: str
+    model: Any
+    tokenizer: Any
+    _generate: Callable = field(repr=False)
+
+    def __call__(self, prompts: Sequence[str] | str, max_new_tokens: int | None = None, temperature: float = 0.0,
+                 seed: int = 0) -> list[str]:
+        return self._generate([prompts] if isinstance(prompts, str) else list(prompts), max_new_tokens,
+                              temperature, seed)
+
+
+def _lm_sampler(path: Path, overrides) -> LMSampler:
+    import jax
+
+    from rlinf_jax.config import load_config_file
+    from rlinf_jax.data import run_tokenizer
+    from rlinf_jax.rollout.lm_io import PromptEncoder, decode_responses, pad_id, stop_tokens
+    from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+    from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
+
+    point = find_checkpoint(path, "path")
+    cfg = load_config_file(Path(point.directory).parent / "config.yaml", overrides)
+    model, point = load_checkpoint_policy(point.path)
+    tokenizer = run_tokenizer(cfg.data.tokenizer, model.config.vocab_size)
+    encoder = PromptEncoder(cfg.data, tokenizer)
+    sampler = Sampler(model, pad_id=pad_id(tokenizer))
+    stops = stop_tokens(tokenizer)
+
+    def generate(prompts, max_new_tokens, temperature, seed):
+        if not prompts:
+            return []
+        n = cfg.rollout.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        ro = cfg.rollout
+        sampling = SamplingParams(n, float(temperature), ro.top_p, ro.top_k, stops)
+        ids, mask = encoder(prompts)
+        out = sampler.generate(ids, mask, jax.random.PRNGKey(seed), sampling)
+        return decode_responses(tokenizer, out.tokens, out.mask)
+
+    return LMSampler(cfg, str(point.path), model, tokenizer, generate)
+
+
+def restore(path, overrides: Sequence[str] | dict = ()):
+    """The trained policy of a saved run (run folder, checkpoints folder or one step).
+
+    Control and VLA runs: a `RestoredPolicy`, callable on a batch of observations
+    (``policy(obs)`` is the evaluation action; ``policy.sample(obs, keys)`` draws one;
+    ``policy.env`` / ``policy.eval_env`` are the run's envs). Language-model runs: an
+    `LMSampler`, callable on prompts, returning responses as text.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(f"{path}: no such path; give a run folder or a checkpoint")
+    overrides = _override_list(overrides)
+    task = _task_of_saved(path)
+    if task is None:
+        raise BadInput(f"{path} is a model directory, not a saved run; train from it with actor.model.path={path}")
+    if task in LM_TASKS and not _is_vla_run(path):
+        return _lm_sampler(path, overrides)
+    from rlinf_jax.tasks.saved import restore_policy
+
+    return restore_policy(path, overrides)
