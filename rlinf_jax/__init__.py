@@ -14,7 +14,7 @@ import importlib
 __version__ = "0.1.0"
 
 _API = (
-    "Config", "LMSampler", "Metrics", "TrainResult", "evaluate", "list_envs", "list_recipes", "load_config",
+    "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
     "read_metrics", "restore", "train",
 )
 _ELSEWHERE = {"BadInput": "rlinf_jax.errors", "TrainingDiverged": "rlinf_jax.flow.host_loop"}
@@ -22,9 +22,9 @@ _ELSEWHERE = {"BadInput": "rlinf_jax.errors", "TrainingDiverged": "rlinf_jax.flo
 __all__ = [*_API, *_ELSEWHERE, "__version__"]
 
 
-# Also command modules (`python -m rlinf_jax.train`): the module is what the package holds
-# once imported, so it is made callable as the function (rlinf_jax/cli_module.py).
-_COMMANDS = ("train", "evaluate")
+# Also command modules (`python -m rlinf_jax.train`, `.evaluate`, `.convert`): the module is what the package holds
+# once imported, so it is made callable as the function (rlinf_jax.api.make_callable).
+_COMMANDS = ("train", "evaluate", "convert")
 
 
 def __getattr__(name: str):

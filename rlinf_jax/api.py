@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,12 @@ import numpy as np
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.runtime import find_checkpoint
-from rlinf_jax.runtime.metrics import read_metrics as _read_records
+
+# Imports of JAX and of the code that runs it sit inside the functions: the command modules
+# import this one (make_callable) and answer --help before JAX loads.
 
 __all__ = [
-    "Config", "LMSampler", "Metrics", "TrainResult", "evaluate", "list_envs", "list_recipes", "load_config",
+    "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
     "read_metrics", "restore", "train",
 ]
 
@@ -116,16 +118,20 @@ class Metrics(list):
                 return r[key]
         return default
 
-    def plot(self, *keys: str, ax=None, title: str | None = None):
-        """One line per key against the step on ``ax`` (a new figure without one); returns the axes."""
+    def plot(self, *keys: str, x: str = "step", ax=None, title: str | None = None):
+        """One line per key (default ``eval/return``) against ``x`` (the iteration, or another
+        metric logged with them such as ``env/steps``) on ``ax`` (a new figure without one);
+        returns the axes."""
         import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3.5))
         for key in keys or ("eval/return",):
-            steps, values = self.column(key)
-            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
-        ax.set_xlabel("iteration")
+            self.column(key)  # a key the run never logged is named, not drawn empty
+            rows = [r for r in self if key in r and x in r]
+            xs, ys = [r[x] for r in rows], [r[key] for r in rows]
+            ax.plot(xs, ys, marker="o" if len(rows) < 30 else None, label=key)
+        ax.set_xlabel("iteration" if x == "step" else x)
         ax.grid(alpha=0.3)
         ax.legend()
         if title:
@@ -135,7 +141,9 @@ class Metrics(list):
 
 def read_metrics(run) -> Metrics:
     """The metrics of a run folder (or its ``metrics.jsonl``), as `Metrics`."""
-    return Metrics(_read_records(run))
+    from rlinf_jax.runtime.metrics import read_metrics as records
+
+    return Metrics(records(run))
 
 
 # ------------------------------------------------------------------ train
@@ -191,6 +199,8 @@ def _task_of_saved(path: Path) -> str | None:
     """The task of the run a checkpoint path belongs to, or None for a model directory."""
     if path.is_dir() and (path / "config.json").is_file():
         return None
+    from rlinf_jax.runtime import find_checkpoint
+
     point = find_checkpoint(path, "path")
     config_path = Path(point.directory).parent / "config.yaml"
     if not config_path.is_file():
@@ -227,9 +237,42 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, **lm_opt
 
 def _is_vla_run(path: Path) -> bool:
     from rlinf_jax.config import load_config_file
+    from rlinf_jax.runtime import find_checkpoint
 
     point = find_checkpoint(path, "path")
     return load_config_file(Path(point.directory).parent / "config.yaml").actor.model.kind == "vla"
+
+
+# ------------------------------------------------------------------ convert
+
+
+def convert(src, out, dtype: str = "auto", allow_nonfinite: bool = False) -> dict:
+    """A local Hugging Face model directory (``config.json`` + safetensors) -> a Flax (Orbax)
+    directory that ``actor.model.path`` takes, as ``python -m rlinf_jax.convert`` does;
+    ``out`` must be new or empty. Every tensor is checked against the architecture, the
+    result is read back, and what was written is returned: ``from``, ``to``,
+    ``model_type``, ``params`` (a count) and ``dtype``. Weights holding NaN or inf are
+    refused unless ``allow_nonfinite``."""
+    import contextlib
+
+    import jax
+    from flax import nnx
+
+    from rlinf_jax.policies.convert import convert as convert_dir
+    from rlinf_jax.policies.convert import load_converted, model_type_of
+    from rlinf_jax.policies.lm.hf_checkpoint import nonfinite_weights_allowed
+
+    with nonfinite_weights_allowed() if allow_nonfinite else contextlib.nullcontext():
+        written = convert_dir(str(src), str(out), dtype=dtype)
+    model = load_converted(written)
+    params = jax.tree.leaves(nnx.state(model, nnx.Param))
+    return {
+        "from": str(src),
+        "to": str(written),
+        "model_type": model_type_of(written),
+        "params": int(sum(p.size for p in params)),
+        "dtype": str(params[0].dtype),
+    }
 
 
 # ------------------------------------------------------------------ restore
@@ -259,6 +302,7 @@ def _lm_sampler(path: Path, overrides) -> LMSampler:
     from rlinf_jax.data import run_tokenizer
     from rlinf_jax.rollout.lm_io import PromptEncoder, decode_responses, pad_id, stop_tokens
     from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+    from rlinf_jax.runtime import find_checkpoint
     from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
 
     point = find_checkpoint(path, "path")
@@ -302,3 +346,23 @@ def restore(path, overrides: Sequence[str] | dict = ()):
     from rlinf_jax.tasks.saved import restore_policy
 
     return restore_policy(path, overrides)
+
+
+# ------------------------------------------------------------------ command modules
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)
+
+
+def make_callable(module_name: str) -> None:
+    """Makes the command module ``module_name`` (``rlinf_jax.train``, ``.evaluate``,
+    ``.convert``) callable as this module's function of the same name.
+
+    ``python -m rlinf_jax.train`` needs a module ``rlinf_jax.train``, and importing a
+    submodule makes Python set it as the package's attribute, so ``rlinf_jax.train`` is
+    that module whenever anything imported it, never the function. Rather than let
+    ``rj.train(cfg)`` depend on import order, calling the module calls the function.
+    """
+    sys.modules[module_name].__class__ = _CallableModule

@@ -13,9 +13,10 @@ Prints one JSON line describing what was written.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
+
+from rlinf_jax.api import make_callable
 
 
 def _parse_args(argv):
@@ -38,33 +39,20 @@ def _parse_args(argv):
 
 def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    from rlinf_jax.api import convert
     from rlinf_jax.errors import BadInput
 
     try:
-        import jax
-        from flax import nnx
-
-        from rlinf_jax.policies.convert import convert, load_converted, model_type_of
-        from rlinf_jax.policies.lm.hf_checkpoint import nonfinite_weights_allowed
-
-        allowed = nonfinite_weights_allowed() if args.allow_nonfinite else contextlib.nullcontext()
-        with allowed:
-            out = convert(args.src, args.out, dtype=args.dtype)
-        model = load_converted(out)
-        params = jax.tree.leaves(nnx.state(model, nnx.Param))
-        model_type = model_type_of(out)
+        summary = convert(args.src, args.out, dtype=args.dtype, allow_nonfinite=args.allow_nonfinite)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = {
-        "from": args.src,
-        "to": str(out),
-        "model_type": model_type,
-        "params": int(sum(p.size for p in params)),
-        "dtype": str(params[0].dtype),
-    }
     print(json.dumps(summary))
     return 0
+
+
+# `rj.convert(...)` (this module, called) is `rlinf_jax.api.convert`: see rlinf_jax.api.make_callable.
+make_callable(__name__)
 
 
 if __name__ == "__main__":

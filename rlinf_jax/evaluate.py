@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 
-from rlinf_jax.cli_module import make_callable
+from rlinf_jax.api import make_callable
 
 
 def _parse_args(argv):
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# `rj.evaluate(...)` (this module, called) is `rlinf_jax.api.evaluate`: see rlinf_jax/cli_module.py.
+# `rj.evaluate(...)` (this module, called) is `rlinf_jax.api.evaluate`: see rlinf_jax.api.make_callable.
 make_callable(__name__)
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlinf_jax.cli_module import make_callable
+from rlinf_jax.api import make_callable
 
 
 def _parse_args(argv):
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# `rj.train(...)` (this module, called) is `rlinf_jax.api.train`: see rlinf_jax/cli_module.py.
+# `rj.train(...)` (this module, called) is `rlinf_jax.api.train`: see rlinf_jax.api.make_callable.
 make_callable(__name__)
 
 if __name__ == "__main__":

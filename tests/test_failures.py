@@ -20,6 +20,7 @@ from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.train import main
 from tests.conftest import TINY, run_child
 from tests.test_sft import TINY_LM
+from tests.test_tensorboard import check_run
 from tests.test_vla_flow import TINY_VLA
 
 # A command has exited "promptly" when the interpreter is gone within this many seconds of
@@ -92,6 +93,8 @@ def test_every_workload_exits_promptly_after_its_last_line(tmp_path, workload):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "saved in" in proc.stdout
     assert lag is not None and lag < PROMPT_S, lag
+    # What TensorBoard's reader finds of the run (tests/test_tensorboard.py).
+    check_run(workload, tmp_path / "w")
     if workload == "embodied":
         # The other commands on the run it left: evaluate a checkpoint, and refuse a damaged one.
         proc, lag = run_child("evaluate", [str(tmp_path / "w")], tmp_path)

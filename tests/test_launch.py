@@ -188,14 +188,16 @@ def test_disaggregated_run_killed_mid_run_restarts_and_matches_one_host(ray_addr
         deadline = time.time() + 400
         victim = None
         while time.time() < deadline and launcher.poll() is None:
-            if ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()):
+            # A step is complete once its checksums are written; a save the kill cuts off
+            # is dropped and would leave nothing to resume from.
+            if ckpts.is_dir() and any(p.name.isdigit() and (p / "checksums.json").is_file() for p in ckpts.iterdir()):
                 victim = _worker_pid(tmp_path, "two_hosts", 1)
                 if victim is not None:
                     break
             time.sleep(0.05)
         assert victim is not None, "no checkpoint before the run ended"
         os.kill(victim, signal.SIGKILL)
-        killed_after = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+        killed_after = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit() and (p / "checksums.json").is_file())
         launcher.wait(timeout=600)
     stderr = err.read_text()
     assert launcher.returncode == 0, stderr[-3000:]

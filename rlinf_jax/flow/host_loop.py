@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import jax
 
+from rlinf_jax.config import config_to_yaml
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.progress import ProgressBar
@@ -180,6 +181,11 @@ class HostLoop:
     def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
         """Adds what the runner derives from a chunk's wall time to ``metrics`` in place."""
 
+    def eval_media(self, state, step: int) -> dict:
+        """What an evaluation shows beyond scalars, for TensorBoard: ``{tag: text}`` or
+        ``{tag: [H, W, 3] uint8 image}`` (sample generations, an episode strip)."""
+        return {}
+
     # ------------------------------------------------------------------ the loop
     def write_placement(self, metrics: dict | None = None) -> None:
         info = self.placement_info(metrics)
@@ -208,6 +214,15 @@ class HostLoop:
             ) from None
         finally:
             self.trainer.close()
+
+    def _log_media(self, logger: MetricsLogger, state, step: int) -> None:
+        if not self.cfg.runner.tensorboard:
+            return
+        for tag, shown in self.eval_media(state, step).items():  # every process: media may take collectives
+            if isinstance(shown, str):
+                logger.log_text(step, tag, shown)
+            else:
+                logger.log_image(step, tag, shown)
 
     def _restore(self, state):
         """The state a checkpoint holds (verified against its checksums), before anything is
@@ -284,9 +299,12 @@ class HostLoop:
             show = cfg.runner.progress_bar and primary
             with ProgressBar(cfg.runner.max_steps, step, show, self.console, self.label, self.shown, self.bar_info) as bar:
                 if step == 0:
+                    # The resolved config beside the curves it produced.
+                    logger.log_text(0, "config", f"```yaml\n{config_to_yaml(cfg)}\n```")
                     first = dict(self.first_record(state))
                     if self.eval_metric in first:
                         last_eval = first
+                        self._log_media(logger, state, 0)
                     logger.log(0, first)
                     bar.update(0, first)
                 while step < cfg.runner.max_steps:
@@ -308,6 +326,7 @@ class HostLoop:
                     if due(step, cfg.runner.eval_interval, final):
                         ev = self.evaluate(state, step)
                         metrics.update(ev)
+                        self._log_media(logger, state, step)
                         if self.eval_metric in ev:
                             last_eval = ev
                     save = due(step, cfg.runner.save_interval, final)

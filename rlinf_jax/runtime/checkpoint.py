@@ -180,28 +180,38 @@ def _mismatch(expected: dict, state, meta: dict) -> str | None:
 
 
 
+def _orphaned_read(exc) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
 def _quiet_orphaned_reads() -> None:
     """Drops the "Event loop is closed" reports of reads a failed restore left in flight.
 
     When one array of a damaged checkpoint fails to read, orbax's restore raises and closes
     its event loop while tensorstore's other reads are still running; each of those then
-    fails to post its result to the closed loop and reports it through
-    ``sys.unraisablehook``, dozens of tracebacks after our one ``error:`` line. Those
-    reports carry nothing (the restore already failed), so this hook, installed once,
-    drops exactly them and passes everything else on.
+    fails to post its result to the closed loop and reports it, through
+    ``sys.unraisablehook`` or (a callback on a thread of tensorstore's own, printed with
+    ``PyErr_Print``) ``sys.excepthook``: dozens of tracebacks around our one ``error:``
+    line. Those reports carry nothing (the restore already failed), so these hooks,
+    installed once, drop exactly them and pass everything else on.
     """
     previous = sys.unraisablehook
     if getattr(previous, "rlinf_quiet_orphaned_reads", False):
         return
 
     def hook(unraisable):
-        exc = unraisable.exc_value
-        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
-            return
-        previous(unraisable)
+        if not _orphaned_read(unraisable.exc_value):
+            previous(unraisable)
+
+    previous_excepthook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        if not _orphaned_read(value):
+            previous_excepthook(kind, value, tb)
 
     hook.rlinf_quiet_orphaned_reads = True
     sys.unraisablehook = hook
+    sys.excepthook = excepthook
 
 
 class ResumePoint(NamedTuple):

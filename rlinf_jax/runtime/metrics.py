@@ -145,6 +145,21 @@ class MetricsLogger:
             writer.flush()
         return record
 
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """A text panel in TensorBoard (the resolved config, sample generations); not in
+        metrics.jsonl, which holds scalars only."""
+        writer = self._tb() if self.write else None
+        if writer is not None:
+            writer.add_text(tag, text, global_step=int(step))
+            writer.flush()
+
+    def log_image(self, step: int, tag: str, image) -> None:
+        """An image in TensorBoard: ``image`` is ``[H, W, 3]`` uint8 (an episode strip)."""
+        writer = self._tb() if self.write else None
+        if writer is not None:
+            writer.add_image(tag, np.asarray(image, np.uint8), global_step=int(step), dataformats="HWC")
+            writer.flush()
+
     def sync(self) -> None:
         """Makes every logged record durable (fsync): called at each checkpoint."""
         if self.write and self._file is not None and not self._file.closed:

@@ -52,6 +52,7 @@ class PPOTrainer(Trainer):
     def __init__(self, cfg: Config, setup: Setup, mesh):
         check_batch(cfg, setup, mesh)
         self.cfg, self.mesh = cfg, mesh
+        self._frames_fns: dict = {}
         self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy
         self.graphdef, self._init_params = setup.graphdef, setup.params
         self.warm_start_metrics = setup.warm_start_metrics
@@ -132,8 +133,12 @@ class PPOTrainer(Trainer):
     def episode_frames(self, params, stats, key, num_steps: int):
         """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic
         policy's eval episodes (envs with image observations only)."""
-        run = jax.jit(lambda p, k: episode_frames(self.eval_env, self.deterministic(p, stats), k, num_steps))
-        return run(params, key)
+        # Compiled once per length: evaluations call it at every eval step (TensorBoard's strip).
+        run = self._frames_fns.get(num_steps)
+        if run is None:
+            run = self._frames_fns[num_steps] = jax.jit(
+                lambda p, s, k: episode_frames(self.eval_env, self.deterministic(p, s), k, num_steps))
+        return run(params, stats, key)
 
     def _evaluate(self, params, stats, key):
         policy = self.deterministic(params, stats)

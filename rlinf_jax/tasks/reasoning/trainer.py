@@ -36,7 +36,6 @@ from rlinf_jax.flow.optim import clipped_adamw
 from rlinf_jax.policies.lm.value import ValueModel
 from rlinf_jax.rollout.lm_io import sync_sampler
 from rlinf_jax.rollout.sampler import SamplingParams
-from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.sharding import (
     batch_axes,
     batch_divisor,
@@ -191,8 +190,4 @@ class ReasoningTrainer(LMTrainer):
         if self.lm.eval_ds is None:
             return {}
         sync_sampler(self.sampler, self.rollout_weights(ts.params))
-        result = score_dataset(
-            self.sampler, self.lm.encoder, self.lm.reward_fn, self.lm.eval_ds, self.eval_sampling, key,
-            self.cfg.rollout.eval_batch_size, progress=progress,
-        )
-        return {f"eval/{k}": v for k, v in result.items() if k != "pass@1"}
+        return self.score_heldout(self.sampler, self.eval_sampling, key, progress)

@@ -26,7 +26,6 @@ from rlinf_jax.flow.optim import clipped_adamw, guarded_update
 from rlinf_jax.policies.lm.logprobs import policy_logprobs
 from rlinf_jax.policies.lm.lora import LoRA
 from rlinf_jax.rollout.lm_io import encode_targets, sync_sampler
-from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.sharding import (
     component_mesh,
     param_shardings,
@@ -171,9 +170,5 @@ class SFTTrainer(LMTrainer):
         if self.lm.eval_ds is None:
             return {}
         sync_sampler(self.lm.sampler, ts.params["policy"] if self.lora is None else self._merged_policy(ts.params))
-        result = score_dataset(
-            self.lm.sampler, self.lm.encoder, self.lm.reward_fn, self.lm.eval_ds, self.lm.eval_sampling(self.cfg), key,
-            self.cfg.rollout.eval_batch_size, progress=progress,
-        )
-        return {f"eval/{k}": v for k, v in result.items() if k != "pass@1"}
+        return self.score_heldout(self.lm.sampler, self.lm.eval_sampling(self.cfg), key, progress)
 

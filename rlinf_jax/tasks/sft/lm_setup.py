@@ -20,6 +20,7 @@ from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rewards.split import SplitRewards
 from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_tokens
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.sharding.mesh import fetch
 from rlinf_jax.tasks.sft.lm_model import checkpoint_meta, load_policy
 
@@ -83,11 +84,15 @@ def make_lm_setup(cfg: Config, sampler_mesh, rules) -> LMSetup:
     )
 
 
+SHOWN_SAMPLES = 8  # held-out answers shown in TensorBoard at each evaluation
+
+
 class LMTrainer(Trainer):
     """What the sft and reasoning trainers share: the data cursor and model config in each
     checkpoint's metadata, progress read from the state, the reward's processes closed."""
 
     task: str  # the runner.task the checkpoints record
+    last_samples: list | None = None  # the newest evaluation's first held-out records
     lm: LMSetup
     loader: PromptLoader
 
@@ -104,6 +109,14 @@ class LMTrainer(Trainer):
 
     def close(self) -> None:
         self.lm.reward_fn.close()
+
+    def score_heldout(self, sampler, sampling, key, progress=None) -> dict:
+        """``eval/*`` of ``sampler`` on the held-out split; keeps the first problems' records
+        (prompt, answer, responses, correct) as ``last_samples`` for TensorBoard."""
+        result = score_dataset(sampler, self.lm.encoder, self.lm.reward_fn, self.lm.eval_ds, sampling, key,
+                               self.cfg.rollout.eval_batch_size, progress=progress, keep_responses=True)
+        self.last_samples = result.pop("records")[:SHOWN_SAMPLES]
+        return {f"eval/{k}": v for k, v in result.items() if k != "pass@1"}
 
 
 def policy_weights(lora: LoRA | None, params: dict):

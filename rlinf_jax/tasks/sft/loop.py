@@ -89,5 +89,17 @@ class LMLoop(HostLoop):
     def first_record(self, state) -> dict:
         return self.evaluate(state, 0)
 
+    def eval_media(self, state, step: int) -> dict:
+        samples = getattr(self.trainer, "last_samples", None)
+        if not samples:
+            return {}
+        # A markdown table: TensorBoard's text panel renders it.
+        def cell(text) -> str:
+            return str(text).replace("|", "\\|").replace("\n", " ")[:200]
+
+        rows = [f"| {cell(r['prompt'])} | {cell(r['answer'])} | {cell(r['responses'][0])} | "
+                f"{'yes' if r['correct'][0] > 0.5 else 'no'} |" for r in samples]
+        return {"eval/samples": "| prompt | answer | response | correct |\n|---|---|---|---|\n" + "\n".join(rows)}
+
     def run_chunk(self, state, n: int):
         return self.trainer.run_iterations(state, n)
