@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _API = (
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
-    "read_metrics", "restore", "train",
+    "make_env", "read_metrics", "restore", "train",
 )
 _ELSEWHERE = {"BadInput": "rlinf_jax.errors", "TrainingDiverged": "rlinf_jax.flow.host_loop"}
 

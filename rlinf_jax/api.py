@@ -34,7 +34,7 @@ from rlinf_jax.errors import BadInput
 
 __all__ = [
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
-    "read_metrics", "restore", "train",
+    "make_env", "read_metrics", "restore", "train",
 ]
 
 LM_TASKS = ("sft", "reasoning")
@@ -52,6 +52,15 @@ def list_envs() -> dict[str, list[str]]:
     from rlinf_jax.envs import list_envs as envs
 
     return {suite: list(names) for suite, names in envs().items()}
+
+
+def make_env(cfg: Config, num_envs: int | None = None, evaluation: bool = False):
+    """The batched env ``cfg.env`` describes (``num_envs`` of them, default
+    ``env.num_envs``), or with ``evaluation`` the run's evaluation env (``env.num_eval_envs``,
+    one episode each): ``env.reset(key)`` and ``env.step(state, action)`` are jittable."""
+    from rlinf_jax.envs import make_env as make, make_eval_env
+
+    return make_eval_env(cfg.env) if evaluation else make(cfg.env, num_envs)
 
 
 def load_config(name: str = "ppo_brax", overrides: Sequence[str] | dict = (), config_dir=None) -> Config:
@@ -210,11 +219,14 @@ def _task_of_saved(path: Path) -> str | None:
     return load_config_file(config_path).runner.task
 
 
-def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, **lm_options) -> dict:
+def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=None, strip_episodes: int = 4,
+             **lm_options) -> dict:
     """The evaluation of a saved run (its run folder, checkpoints folder or one step).
 
     Control and VLA runs: the greedy policy's ``eval/*`` metrics over the run's
-    ``env.num_eval_envs`` episodes. Language-model runs (sft, reasoning) and Hugging Face /
+    ``env.num_eval_envs`` episodes; with ``strip`` (a new PNG path) and an env with camera
+    images, the first ``strip_episodes`` episodes drawn as one image (its path under
+    ``"strip"``). Language-model runs (sft, reasoning) and Hugging Face /
     converted model directories: pass@k on the run's held-out split or ``data=PATH``
     (``lm_options``: ``data``, ``ks``, ``n``, ``temperature``, ``out``, ``progress``),
     as ``python -m rlinf_jax.evaluate --checkpoint`` does.
@@ -225,6 +237,8 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, **lm_opt
     overrides = _override_list(overrides)
     task = _task_of_saved(path)
     if task is None or task in LM_TASKS and not _is_vla_run(path):
+        if strip is not None:
+            raise BadInput("strip draws episodes of an env with camera images; a language model has none")
         from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
 
         return evaluate_lm(path, overrides=overrides, seed=seed, **lm_options)
@@ -232,7 +246,7 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, **lm_opt
         raise BadInput(f"{', '.join(sorted(lm_options))}: options of language-model evaluation; {path} is a {task} run")
     from rlinf_jax.tasks.saved import evaluate_run
 
-    return evaluate_run(path, overrides, seed)
+    return evaluate_run(path, overrides, seed, strip, strip_episodes)
 
 
 def _is_vla_run(path: Path) -> bool:

@@ -89,6 +89,16 @@ def _own(nb, got):
     assert len(got["answers"]) == 2
 
 
+def _vla(nb, got):
+    assert figures(nb) >= 3  # the scenes, the success curves and bars, the episode strip
+    assert got["scene"] == [4, 32, 32, 3]
+    assert got["splits"] == ["execution", "semantic", "train", "vision"]
+    assert got["steps"] == 10 and got["report_step"] == 10
+    assert all(0.0 <= v <= 1.0 for v in [*got["first"].values(), *got["last"].values()])
+    # Four episodes of 32 px frames as rows, white 1 px gaps between them.
+    assert got["strip"][0] == 4 * 32 + 3 and got["strip"][2] in (3, 4)
+
+
 CHECKS = {
     "quickstart_control.ipynb": (
         '{"ppo_steps": ppo.final["step"], "sac_steps": sac.final["step"], "report_step": report["step"], '
@@ -107,6 +117,11 @@ CHECKS = {
         '{"steps": grpo.final["step"], "answers": len(answers_after), "warm_start": str(grpo.summary.warm_start), '
         '"pass1": report["pass@1"], "final_accuracy": grpo.final["eval/accuracy"], "accuracy": accuracy.tolist()}',
         _reasoning,
+    ),
+    "vla_tabletop.ipynb": (
+        '{"scene": list(images.shape), "splits": splits, "steps": vla.final["step"], "report_step": report["step"], '
+        '"first": {s: float(v) for s, v in first.items()}, "last": last, "strip": list(strip.shape)}',
+        _vla,
     ),
     "own_model_and_data.ipynb": (
         '{"model_type": converted["model_type"], "params": converted["params"], "grpo_steps": grpo.final["step"], '

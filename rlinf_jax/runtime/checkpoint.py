@@ -23,11 +23,15 @@ the others wait for it before they list the folder again.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import os
 import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -180,38 +184,49 @@ def _mismatch(expected: dict, state, meta: dict) -> str | None:
 
 
 
-def _orphaned_read(exc) -> bool:
-    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+_SETTLE_S, _SETTLE_MAX_S = 0.3, 3.0
 
 
-def _quiet_orphaned_reads() -> None:
-    """Drops the "Event loop is closed" reports of reads a failed restore left in flight.
+@contextlib.contextmanager
+def _orphaned_reads_dropped():
+    """Drops what the reads of a failed restore print to stderr.
 
     When one array of a damaged checkpoint fails to read, orbax's restore raises and closes
     its event loop while tensorstore's other reads are still running; each of those then
-    fails to post its result to the closed loop and reports it, through
-    ``sys.unraisablehook`` or (a callback on a thread of tensorstore's own, printed with
-    ``PyErr_Print``) ``sys.excepthook``: dozens of tracebacks around our one ``error:``
-    line. Those reports carry nothing (the restore already failed), so these hooks,
-    installed once, drop exactly them and pass everything else on.
+    fails to post its result to the closed loop and tensorstore prints the traceback itself
+    (from its own threads, past Python's hooks), and the abandoned asyncio tasks log "Task
+    exception was never retrieved" when collected: dozens of tracebacks around our one
+    ``error:`` line, which already names the failure. So while orbax reads, the process's
+    stderr (file descriptor 2) goes to a file. After a success what was written is passed
+    on; after a failure the orphaned reads are given until the file stops growing (at most
+    a few seconds), the abandoned tasks are collected, and what was written is dropped.
     """
-    previous = sys.unraisablehook
-    if getattr(previous, "rlinf_quiet_orphaned_reads", False):
-        return
-
-    def hook(unraisable):
-        if not _orphaned_read(unraisable.exc_value):
-            previous(unraisable)
-
-    previous_excepthook = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        if not _orphaned_read(value):
-            previous_excepthook(kind, value, tb)
-
-    hook.rlinf_quiet_orphaned_reads = True
-    sys.unraisablehook = hook
-    sys.excepthook = excepthook
+    sys.stderr.flush()
+    saved = os.dup(2)
+    failed = False
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if failed:
+                size, t0 = -1, time.monotonic()
+                while os.fstat(captured.fileno()).st_size != size and time.monotonic() - t0 < _SETTLE_MAX_S:
+                    size = os.fstat(captured.fileno()).st_size
+                    time.sleep(_SETTLE_S)
+                gc.collect()
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not failed:
+                captured.seek(0)
+                text = captured.read().decode(errors="replace")
+                if text:
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
 
 
 class ResumePoint(NamedTuple):
@@ -415,15 +430,18 @@ class Checkpointer:
         mngr = self._mngr()
         mngr.reload()
         try:
-            saved = mngr.item_metadata(step)[STATE]
+            with _orphaned_reads_dropped():  # reading the metadata opens every array too
+                saved = mngr.item_metadata(step)[STATE]
         except Exception as e:  # orbax raises anything from JSONDecodeError to KeyError
             raise self._corrupt(step, steps, e, target if explain else _NO_EXPLANATION) from e
         if target is not None and saved is not None and getattr(saved, "tree", None) is not None:
             self._check_fits(step, saved.tree, target)
         try:
-            restored = mngr.restore(
-                step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()})
-            )
+            with _orphaned_reads_dropped():
+                restored = mngr.restore(
+                    step,
+                    args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}),
+                )
         except Exception as e:
             raise self._corrupt(step, steps, e, target if explain else _NO_EXPLANATION) from e
         state = restored[STATE]
@@ -463,7 +481,6 @@ class Checkpointer:
         return "no earlier checkpoint in that folder verifies; start a new run (another runner.experiment_name)"
 
     def _corrupt(self, step: int, steps: list[int], e: BaseException, target: Any) -> BadInput:
-        _quiet_orphaned_reads()
         fallback = "" if target is _NO_EXPLANATION else f"; {self._fallback(step, steps, target)}"
         return BadInput(f"checkpoint {self.step_path(step)} is corrupt or unreadable ({_short(e)}){fallback}")
 
