@@ -204,19 +204,17 @@ def train(cfg: Config | str, overrides: Sequence[str] | dict = (), console=None)
 # ------------------------------------------------------------------ evaluate
 
 
-def _task_of_saved(path: Path) -> str | None:
-    """The task of the run a checkpoint path belongs to, or None for a model directory."""
+def _saved_config(path: Path, overrides) -> Config | None:
+    """The config of the run a checkpoint path belongs to, or None for a model directory."""
     if path.is_dir() and (path / "config.json").is_file():
         return None
-    from rlinf_jax.runtime import find_checkpoint
+    from rlinf_jax.tasks.saved import run_config
 
-    point = find_checkpoint(path, "path")
-    config_path = Path(point.directory).parent / "config.yaml"
-    if not config_path.is_file():
-        raise BadInput(f"{config_path} is missing: a saved run needs its resolved config next to checkpoints/")
-    from rlinf_jax.config import load_config_file
+    return run_config(path, overrides)[1]
 
-    return load_config_file(config_path).runner.task
+
+def _is_lm(cfg: Config) -> bool:
+    return cfg.runner.task in LM_TASKS and cfg.actor.model.kind != "vla"
 
 
 def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=None, strip_episodes: int = 4,
@@ -235,26 +233,20 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=No
     if not path.exists():
         raise BadInput(f"{path}: no such path; give a run folder, a checkpoint or a model directory")
     overrides = _override_list(overrides)
-    task = _task_of_saved(path)
-    if task is None or task in LM_TASKS and not _is_vla_run(path):
+    cfg = _saved_config(path, overrides)
+    if cfg is None or _is_lm(cfg):
         if strip is not None:
             raise BadInput("strip draws episodes of an env with camera images; a language model has none")
         from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
 
         return evaluate_lm(path, overrides=overrides, seed=seed, **lm_options)
     if lm_options:
-        raise BadInput(f"{', '.join(sorted(lm_options))}: options of language-model evaluation; {path} is a {task} run")
+        raise BadInput(
+            f"{', '.join(sorted(lm_options))}: options of language-model evaluation; {path} is a {cfg.runner.task} run"
+        )
     from rlinf_jax.tasks.saved import evaluate_run
 
     return evaluate_run(path, overrides, seed, strip, strip_episodes)
-
-
-def _is_vla_run(path: Path) -> bool:
-    from rlinf_jax.config import load_config_file
-    from rlinf_jax.runtime import find_checkpoint
-
-    point = find_checkpoint(path, "path")
-    return load_config_file(Path(point.directory).parent / "config.yaml").actor.model.kind == "vla"
 
 
 # ------------------------------------------------------------------ convert
@@ -309,19 +301,15 @@ class LMSampler:
                               temperature, seed)
 
 
-def _lm_sampler(path: Path, overrides) -> LMSampler:
+def _lm_sampler(path: Path, cfg: Config) -> LMSampler:
     import jax
 
-    from rlinf_jax.config import load_config_file
     from rlinf_jax.data import run_tokenizer
     from rlinf_jax.rollout.lm_io import PromptEncoder, decode_responses, pad_id, stop_tokens
     from rlinf_jax.rollout.sampler import Sampler, SamplingParams
-    from rlinf_jax.runtime import find_checkpoint
     from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
 
-    point = find_checkpoint(path, "path")
-    cfg = load_config_file(Path(point.directory).parent / "config.yaml", overrides)
-    model, point = load_checkpoint_policy(point.path)
+    model, point = load_checkpoint_policy(path)
     tokenizer = run_tokenizer(cfg.data.tokenizer, model.config.vocab_size)
     encoder = PromptEncoder(cfg.data, tokenizer)
     sampler = Sampler(model, pad_id=pad_id(tokenizer))
@@ -352,11 +340,11 @@ def restore(path, overrides: Sequence[str] | dict = ()):
     if not path.exists():
         raise BadInput(f"{path}: no such path; give a run folder or a checkpoint")
     overrides = _override_list(overrides)
-    task = _task_of_saved(path)
-    if task is None:
+    cfg = _saved_config(path, overrides)
+    if cfg is None:
         raise BadInput(f"{path} is a model directory, not a saved run; train from it with actor.model.path={path}")
-    if task in LM_TASKS and not _is_vla_run(path):
-        return _lm_sampler(path, overrides)
+    if _is_lm(cfg):
+        return _lm_sampler(path, cfg)
     from rlinf_jax.tasks.saved import restore_policy
 
     return restore_policy(path, overrides)

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from rlinf_jax.config.schema import Config, FlowConfig
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime import restore_checkpoint
-from rlinf_jax.runtime.media import image_strip, write_png
+from rlinf_jax.runtime.media import write_png
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
 
@@ -48,12 +47,6 @@ def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int 
 
 def save_strip(trainer, state, cfg, seed: int, path, episodes: int):
     """The first ``episodes`` eval episodes, one frame per policy step, as one PNG."""
-    obs = jax.eval_shape(trainer.eval_env.reset, jax.random.PRNGKey(0)).obs
-    if not isinstance(obs, dict) or "image" not in obs:
+    if not trainer.image_observations:
         raise BadInput(f"--strip needs an env with image observations; {cfg.env.suite}/{cfg.env.name} has none")
-    substeps = max(1, trainer.substeps)
-    steps = -(-cfg.env.episode_length // substeps)
-    frames = trainer.episode_frames(state.params, state.obs_stats, jax.random.PRNGKey(seed), steps)
-    return write_png(path, image_strip(np.asarray(frames)[:, :episodes]))
-
-
+    return write_png(path, trainer.episode_strip(state.params, state.obs_stats, jax.random.PRNGKey(seed), episodes))

@@ -9,13 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import jax
-import numpy as np
-
 from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, eval_key, open_run_dir
 from rlinf_jax.runtime.distributed import is_primary
-from rlinf_jax.runtime.media import image_strip
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.warm_start import warm_start
@@ -77,15 +73,11 @@ class EmbodiedLoop(HostLoop):
     def eval_media(self, state, step: int) -> dict:
         """An image strip of the first eval episodes (envs with camera observations), from
         the fused trainer; the staged runners' states show none."""
-        trainer, cfg = self.trainer, self.cfg
-        if not hasattr(trainer, "episode_frames"):
+        trainer = self.trainer
+        if not getattr(trainer, "image_observations", False):
             return {}
-        obs = jax.eval_shape(trainer.eval_env.reset, jax.random.PRNGKey(0)).obs
-        if not isinstance(obs, dict) or "image" not in obs:
-            return {}
-        steps = -(-cfg.env.episode_length // max(1, trainer.substeps))
-        frames = trainer.episode_frames(state.params, state.obs_stats, eval_key(cfg, step), steps)
-        return {"eval/episodes": image_strip(np.asarray(frames)[:, :STRIP_EPISODES])}
+        key = eval_key(self.cfg, step)
+        return {"eval/episodes": trainer.episode_strip(state.params, state.obs_stats, key, STRIP_EPISODES)}
 
     def first_record(self, state) -> dict:
         first = {"time/compile_sec": self.compile_sec}

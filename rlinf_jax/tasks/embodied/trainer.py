@@ -13,6 +13,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlinf_jax.algos import get_advantage, get_policy_loss
@@ -20,6 +21,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import episode_frames, evaluate_policy
+from rlinf_jax.runtime.media import image_strip
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
 from rlinf_jax.sharding.mesh import put
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
@@ -129,6 +131,18 @@ class PPOTrainer(Trainer):
         """``obs -> action``: the policy's evaluation action (mode or greedy decode)."""
         model = self.learner.model(params)
         return lambda obs: self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
+
+    @functools.cached_property
+    def image_observations(self) -> bool:
+        """Whether the eval env's observations hold a camera image (what a strip can show)."""
+        obs = jax.eval_shape(self.eval_env.reset, jax.random.PRNGKey(0)).obs
+        return isinstance(obs, dict) and "image" in obs
+
+    def episode_strip(self, params, stats, key, episodes: int) -> np.ndarray:
+        """The first ``episodes`` deterministic eval episodes as one image: a row each, a
+        frame per policy step (`image_strip`); image envs only."""
+        steps = -(-self.cfg.env.episode_length // max(1, self.substeps))
+        return image_strip(np.asarray(self.episode_frames(params, stats, key, steps))[:, :episodes])
 
     def episode_frames(self, params, stats, key, num_steps: int):
         """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic

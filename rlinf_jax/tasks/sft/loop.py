@@ -90,7 +90,7 @@ class LMLoop(HostLoop):
         return self.evaluate(state, 0)
 
     def eval_media(self, state, step: int) -> dict:
-        samples = getattr(self.trainer, "last_samples", None)
+        samples = self.trainer.last_samples
         if not samples:
             return {}
         # A markdown table: TensorBoard's text panel renders it.
