@@ -318,17 +318,21 @@ def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
         "disaggregated": ["cluster.component_placement=disaggregated", "flow.runner=staged"],
         "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"],
     }
-    out = {}
+    out, strips = {}, {}
     for name, extra in layouts.items():
         trainer = build_trainer(load_config("ppo_vla_tabletop", [*TINY_VLA, "env.reset_mode=cached", *extra]))
         state = trainer.init()
+        # The episode strip TensorBoard shows at evaluations, drawn in every layout.
+        strips[name] = trainer.strip(state, jax.random.PRNGKey(3), 2)
         if isinstance(trainer, PPOTrainer):
             state, sums = trainer.run_chunk(state, jnp.int32(1))
         else:
             state, sums = trainer.run_iterations(state, 1)
         out[name] = (trainer.summarize(sums, 1), jax.tree.leaves(jax.device_get(trainer.snapshot(state)).params))
     ref_metrics, ref_params = out["fused"]
+    assert strips["fused"].ndim == 3 and strips["fused"].std() > 0
     for name in ("disaggregated", "hybrid"):
+        np.testing.assert_array_equal(strips[name], strips["fused"], err_msg=name)
         metrics, params = out[name]
         for key, value in ref_metrics.items():
             np.testing.assert_allclose(metrics[key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")

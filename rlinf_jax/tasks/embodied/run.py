@@ -71,13 +71,12 @@ class EmbodiedLoop(HostLoop):
         return placement_info(self.trainer, measured)
 
     def eval_media(self, state, step: int) -> dict:
-        """An image strip of the first eval episodes (envs with camera observations), from
-        the fused trainer; the staged runners' states show none."""
+        """An image strip of the first eval episodes (envs with camera observations), in
+        every layout: the staged runners draw it from their learner's state."""
         trainer = self.trainer
-        if not getattr(trainer, "image_observations", False):
+        if not trainer.image_observations:
             return {}
-        key = eval_key(self.cfg, step)
-        return {"eval/episodes": trainer.episode_strip(state.params, state.obs_stats, key, STRIP_EPISODES)}
+        return {"eval/episodes": trainer.strip(state, eval_key(self.cfg, step), STRIP_EPISODES)}
 
     def first_record(self, state) -> dict:
         first = {"time/compile_sec": self.compile_sec}

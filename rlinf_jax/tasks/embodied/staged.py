@@ -215,6 +215,15 @@ class StagedPPO(Trainer):
     def summarize(self, sums, n):
         return self.core.summarize(sums, n)
 
+    @property
+    def image_observations(self) -> bool:
+        return self.core.image_observations
+
+    def strip(self, s: StagedState, key, episodes: int) -> np.ndarray:
+        """The learner's policy on the eval env, drawn by the fused trainer on the actor mesh,
+        as the evaluation itself runs."""
+        return self.core.episode_strip(s.learner.params, s.learner.obs_stats, key, episodes)
+
     def flow_stats(self) -> dict[str, float]:
         return dict(self._flow_stats) if hasattr(self, "_flow_stats") else {}
 

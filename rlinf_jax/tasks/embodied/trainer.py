@@ -144,6 +144,10 @@ class PPOTrainer(Trainer):
         steps = -(-self.cfg.env.episode_length // max(1, self.substeps))
         return image_strip(np.asarray(self.episode_frames(params, stats, key, steps))[:, :episodes])
 
+    def strip(self, ts: TrainState, key, episodes: int) -> np.ndarray:
+        """`episode_strip` of the policy a runner state holds (what TensorBoard shows)."""
+        return self.episode_strip(ts.params, ts.obs_stats, key, episodes)
+
     def episode_frames(self, params, stats, key, num_steps: int):
         """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic
         policy's eval episodes (envs with image observations only)."""
