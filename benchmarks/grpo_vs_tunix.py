@@ -50,6 +50,9 @@ from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cp
 TUNIX_VERSION = "0.1.7"
 DEFAULT_VENV = Path.home() / ".cache" / "rlinf-jax" / "tunix-venv"
 REPO = Path(__file__).resolve().parent.parent
+# Token ids both sides run through their model before training (digits, operators, letters of
+# the character vocabulary), to show they loaded the same weights.
+PROBE_IDS = list(range(4, 36))
 
 
 # ----------------------------------------------------------------------------- Tunix's environment
@@ -120,6 +123,9 @@ def run_tunix(args) -> dict:
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
     model = qwen2_params.create_model_from_safe_tensors(args.model, cfg, mesh)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
+    ids = jax.numpy.asarray([PROBE_IDS])
+    causal = jax.numpy.tril(jax.numpy.ones((1, len(PROBE_IDS), len(PROBE_IDS)), bool))
+    probe_logits, _ = model(ids, jax.numpy.arange(len(PROBE_IDS))[None], None, causal)
 
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines()]
     per = args.prompts_per_step
@@ -171,7 +177,17 @@ def run_tunix(args) -> dict:
 
     learner._run_global_step = timed_step
     learner.train(batches)
-    return {"step_sec": times, "reward": rewards, "response_length": lengths, "jax": jax.__version__}
+    return {"step_sec": times, "reward": rewards, "response_length": lengths, "jax": jax.__version__,
+            "probe_logits": np.asarray(probe_logits[0]).tolist()}
+
+
+def probe_ours(args) -> list:
+    """Our model's logits of ``PROBE_IDS``, loaded from the same directory Tunix reads."""
+    import numpy as np
+
+    from rlinf_jax.policies.lm import from_pretrained
+
+    return np.asarray(from_pretrained(args.model)(np.asarray([PROBE_IDS]))[0]).tolist()
 
 
 # ----------------------------------------------------------------------------- driver
@@ -179,7 +195,11 @@ def run_tunix(args) -> dict:
 
 def child(args) -> None:
     cpu = pin_one_cpu()
-    out = run_tunix(args) if args.side == "tunix" else run_ours(args)
+    if args.side == "tunix":
+        out = run_tunix(args)
+    else:
+        out = run_ours(args)
+        out["probe_logits"] = probe_ours(args)
     out["cpu"] = cpu
     print(json.dumps(out))
 
@@ -201,7 +221,19 @@ def main() -> None:
         model = make_checkpoint(work, args.warm_start_steps)
         prompts = make_prompts(work, max(512, args.prompts_per_step * args.steps))
         results = run_rounds({"ours": sys.executable, "tunix": python}, args, model, prompts, work, __file__)
+    # Both sides run the same weights: their logits of one token sequence before training.
+    import numpy as np
+
+    gap = float(np.max(np.abs(np.asarray(results["ours"][0].pop("probe_logits"))
+                              - np.asarray(results["tunix"][0].pop("probe_logits")))))
+    for runs in results.values():
+        for r in runs:
+            r.pop("probe_logits", None)
+    print(f"same weights on both sides: max |logit difference| = {gap:.2e} over {len(PROBE_IDS)} tokens", flush=True)
+    if gap > 1e-3:
+        sys.exit(f"error: Tunix and our model disagree on the same weights (max logit difference {gap:.3g})")
     summary = summarise(results, args, "tunix")
+    summary["max_logit_difference"] = gap
     summary["tunix"]["version"] = TUNIX_VERSION
     summary["settings"]["jax"] = {"ours": __import__("jax").__version__, "tunix": results["tunix"][0]["jax"]}
     print(json.dumps(summary))
