@@ -1,0 +1,203 @@
+"""Host simulators in worker processes: the same semantics as the JAX wrappers, trajectories
+independent of the number of workers, a worker under a second interpreter, a killed or
+hung worker replaced, bad env ids refused in one line, processes and memory released."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlinf_jax.envs.base import EnvState
+from rlinf_jax.envs.host import HostEnvPool, HostEnvSpec, describe
+from rlinf_jax.envs.wrappers import ActionRepeat, AutoReset, EpisodeStats, TimeLimit, VmapEnv
+from rlinf_jax.errors import BadInput
+
+pytest.importorskip("gymnasium")
+TESTS = Path(__file__).resolve().parent
+TOY = "hostsim_toy:HostsimToy-v0"
+
+
+@pytest.fixture(autouse=True)
+def _toy_on_path(monkeypatch):
+    # Workers import the toy env's module by name (gymnasium's "module:EnvId").
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+
+
+class JaxToy:
+    """tests/hostsim_toy.py's point on a line as a functional JAX env."""
+
+    observation_size, action_size, num_envs = 2, 1, 1
+
+    def reset(self, key):
+        z = jnp.float32(0.0)
+        return EnvState(obs=jnp.zeros(2), reward=z, done=z, truncated=z, info={}, sim={"x": z, "t": jnp.int32(0)})
+
+    def step(self, state, action):
+        x = state.sim["x"] + jnp.float32(0.5) * action[0]
+        t = state.sim["t"] + 1
+        obs = jnp.stack([x, jnp.float32(0.1) * t.astype(jnp.float32)])
+        done = (jnp.abs(x) > 1.0).astype(jnp.float32)
+        return state.replace(obs=obs, reward=1.0 - x * x, done=done, truncated=jnp.float32(0.0), sim={"x": x, "t": t})
+
+
+def _jax_stack(num_envs, episode_length, repeat):
+    env = TimeLimit(ActionRepeat(JaxToy(), repeat), -(-episode_length // repeat))
+    return AutoReset(EpisodeStats(VmapEnv(env, num_envs)), "cached")
+
+
+def _actions(steps, num_envs, size, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (steps, num_envs, size)).astype(np.float32)
+
+
+FIELDS = ("obs", "final_obs", "reward", "done", "truncated")
+
+
+def _host_run(spec, actions, num_workers, num_groups=1, seed=0):
+    pool = HostEnvPool(spec, actions.shape[1], num_workers, seed=seed, num_groups=num_groups)
+    try:
+        out = {k: [] for k in FIELDS + ("episode_return", "episode_length")}
+        first = pool.arrays["obs"].copy()
+        for a in actions:
+            pool.step(a)
+            for k in out:
+                out[k].append(pool.arrays[k].copy())
+        return first, {k: np.stack(v) for k, v in out.items()}
+    finally:
+        pool.close()
+
+
+def test_worker_semantics_match_the_jax_wrappers():
+    """ActionRepeat (ends inside a repeat), TimeLimit (truncation vs termination),
+    EpisodeStats and AutoReset (final observation) agree step by step."""
+    B, L, k, T = 6, 7, 2, 40
+    actions = _actions(T, B, 1)
+    env = _jax_stack(B, L, k)
+    state = env.reset(jax.random.PRNGKey(0))
+    step = jax.jit(env.step)
+    ref = {k_: [] for k_ in FIELDS + ("episode_return", "episode_length")}
+    for a in actions:
+        state = step(state, jnp.asarray(a))
+        got = {"obs": state.obs, "final_obs": state.info["final_obs"], "reward": state.reward, "done": state.done,
+               "truncated": state.truncated, "episode_return": state.info["episode_return"],
+               "episode_length": state.info["episode_length"]}
+        for k_ in ref:
+            ref[k_].append(np.asarray(got[k_]))
+    ref = {k_: np.stack(v) for k_, v in ref.items()}
+    spec = HostEnvSpec(TOY, episode_length=L, action_repeat=k)
+    first, host = _host_run(spec, actions, num_workers=2)
+    np.testing.assert_array_equal(first, np.zeros((B, 2)))
+    # Both kinds of ends happen in this run, so both rules are exercised.
+    assert ((ref["done"] > 0) & (ref["truncated"] > 0)).any() and ((ref["done"] > 0) & (ref["truncated"] == 0)).any()
+    for k_ in ("done", "truncated"):
+        np.testing.assert_array_equal(host[k_], ref[k_], err_msg=k_)
+    for k_ in ("obs", "final_obs", "reward"):
+        np.testing.assert_allclose(host[k_], ref[k_], atol=1e-5, err_msg=k_)
+    done = ref["done"] > 0
+    np.testing.assert_allclose(host["episode_return"][done], ref["episode_return"][done], atol=1e-5)
+    np.testing.assert_array_equal(host["episode_length"][done], ref["episode_length"][done])
+
+
+@pytest.mark.parametrize("reset_mode", ["fresh", "cached"])
+def test_trajectories_do_not_depend_on_the_number_of_workers(reset_mode):
+    spec = describe(HostEnvSpec("InvertedPendulum-v5", episode_length=30, reset_mode=reset_mode))
+    actions = _actions(40, 8, 1, seed=1)
+    runs = {w: _host_run(spec, actions, num_workers=w, num_groups=2 if w > 1 else 1) for w in (1, 2, 4)}
+    first, ref = runs[1]
+    assert ref["done"].sum() >= 8  # episodes ended and were reset with their own seeds
+    for w in (2, 4):
+        np.testing.assert_array_equal(runs[w][0], first)
+        for k_ in FIELDS:
+            np.testing.assert_array_equal(runs[w][1][k_], ref[k_], err_msg=f"{w} workers, {k_}")
+    # Different envs start differently; a cached env replays its first state after a reset.
+    assert len({tuple(r) for r in first}) == 8
+    ended = np.argwhere(ref["done"] > 0)[0]
+    if reset_mode == "cached":
+        np.testing.assert_array_equal(ref["obs"][ended[0], ended[1]], first[ended[1]])
+    else:
+        assert not np.array_equal(ref["obs"][ended[0], ended[1]], first[ended[1]])
+
+
+def test_a_worker_under_a_second_interpreter(tmp_path):
+    """A worker needs numpy and the simulator only: a second virtual environment runs it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True).stdout.strip() == str(venv)
+    actions = _actions(20, 4, 1, seed=2)
+    spec = HostEnvSpec("InvertedPendulum-v5", episode_length=15, reset_mode="fresh")
+    _, ref = _host_run(spec, actions, num_workers=2)
+    _, other = _host_run(HostEnvSpec(**{**spec.__dict__, "python": python}), actions, num_workers=2)
+    for k_ in FIELDS:
+        np.testing.assert_array_equal(other[k_], ref[k_])
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True  # close() waits for (reaps) its workers, so a pid that answers is still running
+
+
+def test_a_killed_worker_is_replaced_and_its_episodes_end(tmp_path):
+    spec = HostEnvSpec("InvertedPendulum-v5", episode_length=1000, reset_mode="fresh")
+    pool = HostEnvPool(spec, 4, 2, seed=0, step_timeout_s=30)
+    try:
+        pool.step(np.zeros((4, 1), np.float32))
+        victim = pool.workers[1].proc.pid
+        os.kill(victim, signal.SIGKILL)
+        pool.step(np.zeros((4, 1), np.float32))
+        assert pool.restarts == 1 and pool.workers[1].proc.pid != victim
+        np.testing.assert_array_equal(pool.arrays["done"], [0, 0, 1, 1])
+        np.testing.assert_array_equal(pool.arrays["truncated"], [0, 0, 1, 1])
+        np.testing.assert_array_equal(pool.arrays["episode_index"], [0, 0, 1, 1])
+        np.testing.assert_array_equal(pool.arrays["episode_length"][2:], [1, 1])
+        pool.step(np.zeros((4, 1), np.float32))  # the replacement steps on
+        np.testing.assert_array_equal(pool.arrays["done"], 0)
+        pids = [w.proc.pid for w in pool.workers]
+    finally:
+        pool.close()
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("failure", ["hang_file", "crash_file"])
+def test_a_hung_or_crashed_worker_never_hangs_the_run(tmp_path, failure):
+    spec = HostEnvSpec(TOY, episode_length=50, env_kwargs={failure: str(tmp_path / "once")})
+    pool = HostEnvPool(spec, 2, 1, seed=0, step_timeout_s=3)
+    try:
+        pool.step(np.zeros((2, 1), np.float32))  # the first step fails: hangs (3 s deadline) or exits
+        assert pool.restarts == 1
+        np.testing.assert_array_equal(pool.arrays["truncated"], [1, 1])
+        pool.step(np.full((2, 1), 0.5, np.float32))
+        np.testing.assert_allclose(pool.arrays["obs"][:, 0], 0.25)
+    finally:
+        pool.close()
+
+
+def test_unknown_env_id_is_refused_in_one_line():
+    with pytest.raises(BadInput) as e:
+        describe(HostEnvSpec("InvertedPendulumm-v5", episode_length=10))
+    msg = str(e.value)
+    assert "\n" not in msg and "InvertedPendulumm-v5" in msg and "doesn't exist" in msg
+
+
+def test_a_missing_interpreter_is_refused_in_one_line(tmp_path):
+    with pytest.raises(BadInput, match="worker_python"):
+        describe(HostEnvSpec("InvertedPendulum-v5", episode_length=10, python=str(tmp_path / "nope")))
+
+
+def test_close_frees_the_shared_block_and_is_idempotent():
+    pool = HostEnvPool(HostEnvSpec(TOY, episode_length=5), 2, 2, seed=0)
+    name = pool._shm.name
+    assert os.path.exists(f"/dev/shm/{name}")
+    pool.close()
+    pool.close()
+    assert not os.path.exists(f"/dev/shm/{name}")
