@@ -71,6 +71,13 @@ class EnvConfig:
     # its first success instead of at episode_length.
     layout: str = "random"
     terminate_on_success: bool = False
+    # Host simulators (suite "gym": a Gymnasium env id as env.name), stepped by worker
+    # processes: how many (a multiple of flow.num_micro_batches), the interpreter they run
+    # under ("" = this one; another virtual environment when the simulator's pins conflict
+    # with ours) and how long one step may take before a worker is replaced.
+    num_workers: int = 1
+    worker_python: str = ""
+    step_timeout_s: float = 60.0
 
 
 @dataclass
