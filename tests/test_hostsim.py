@@ -201,3 +201,66 @@ def test_close_frees_the_shared_block_and_is_idempotent():
     pool.close()
     pool.close()
     assert not os.path.exists(f"/dev/shm/{name}")
+
+
+class MjxInvertedPendulum:
+    """Gymnasium's InvertedPendulum-v5 written as a functional JAX env on MJX: the same
+    XML (read from gymnasium's own model), frame skip, action scaling, reward and
+    termination, starting from a given state."""
+
+    observation_size, action_size, num_envs = 4, 1, 1
+
+    def __init__(self, qpos0, qvel0):
+        import gymnasium as gym
+        from mujoco import mjx
+
+        env = gym.make("InvertedPendulum-v5").unwrapped
+        self.mjx, self.frame_skip = mjx, env.frame_skip
+        self.model = mjx.put_model(env.model)
+        self.data0 = mjx.put_data(env.model, env.data).replace(qpos=jnp.asarray(qpos0), qvel=jnp.asarray(qvel0))
+        self.low, self.high = env.action_space.low, env.action_space.high
+        env.close()
+
+    def _obs(self, d):
+        return jnp.concatenate([d.qpos, d.qvel]).astype(jnp.float32)
+
+    def reset(self, key):
+        z = jnp.float32(0.0)
+        return EnvState(obs=self._obs(self.data0), reward=z, done=z, truncated=z, info={}, sim=self.data0)
+
+    def step(self, state, action):
+        ctrl = self.low + (jnp.clip(action, -1, 1) + 1.0) * 0.5 * (self.high - self.low)
+        d = state.sim.replace(ctrl=ctrl)
+        for _ in range(self.frame_skip):
+            d = self.mjx.step(self.model, d)
+        obs = self._obs(d)
+        done = (~jnp.all(jnp.isfinite(obs)) | (jnp.abs(obs[1]) > 0.2)).astype(jnp.float32)
+        return state.replace(obs=obs, reward=jnp.float32(1.0), done=done, truncated=jnp.float32(0.0), sim=d)
+
+
+@pytest.mark.slow
+def test_c_mujoco_in_a_worker_and_mjx_under_the_jax_wrappers_agree():
+    """InvertedPendulum-v5: C MuJoCo stepped by gymnasium in a worker, and the same XML
+    stepped by MJX under TimeLimit / EpisodeStats / AutoReset, give the same trajectory
+    (terminations, truncations and cached resets included)."""
+    T, L = 40, 12
+    rng = np.random.default_rng(4)
+    # Small actions first (the pole stays up until the time limit), then large ones (it falls).
+    actions = np.concatenate([rng.uniform(-0.05, 0.05, (16, 1, 1)), rng.uniform(-1, 1, (T - 16, 1, 1))]).astype(np.float32)
+    first, host = _host_run(HostEnvSpec("InvertedPendulum-v5", episode_length=L, reset_mode="cached"), actions, 1)
+    twin = MjxInvertedPendulum(first[0, :2], first[0, 2:])
+    env = AutoReset(EpisodeStats(VmapEnv(TimeLimit(twin, L), 1)), "cached")
+    state = env.reset(jax.random.PRNGKey(0))
+    step = jax.jit(env.step)
+    ref = {k_: [] for k_ in FIELDS}
+    for a in actions:
+        state = step(state, jnp.asarray(a))
+        for k_, v in (("obs", state.obs), ("final_obs", state.info["final_obs"]), ("reward", state.reward),
+                      ("done", state.done), ("truncated", state.truncated)):
+            ref[k_].append(np.asarray(v))
+    ref = {k_: np.stack(v) for k_, v in ref.items()}
+    assert ((ref["done"] > 0) & (ref["truncated"] > 0)).any() and ((ref["done"] > 0) & (ref["truncated"] == 0)).any()
+    np.testing.assert_array_equal(host["done"], ref["done"])
+    np.testing.assert_array_equal(host["truncated"], ref["truncated"])
+    np.testing.assert_allclose(host["obs"], ref["obs"], atol=1e-4)
+    np.testing.assert_allclose(host["final_obs"], ref["final_obs"], atol=1e-4)
