@@ -264,3 +264,24 @@ def test_c_mujoco_in_a_worker_and_mjx_under_the_jax_wrappers_agree():
     np.testing.assert_array_equal(host["truncated"], ref["truncated"])
     np.testing.assert_allclose(host["obs"], ref["obs"], atol=1e-4)
     np.testing.assert_allclose(host["final_obs"], ref["final_obs"], atol=1e-4)
+
+
+def test_a_worker_killed_with_both_micro_batches_pending():
+    """Every worker holds a slice of each micro-batch; one killed while both are in
+    flight is replaced once, and its envs of both micro-batches end."""
+    spec = HostEnvSpec("InvertedPendulum-v5", episode_length=1000, reset_mode="fresh")
+    pool = HostEnvPool(spec, 8, 2, seed=0, num_groups=2, step_timeout_s=30)
+    try:
+        assert pool.slices == [[(0, 2), (4, 6)], [(2, 4), (6, 8)]]
+        pool.arrays["action"][:] = 0
+        os.kill(pool.workers[0].proc.pid, signal.SIGKILL)
+        pool.send(0)
+        pool.send(1)
+        pool.wait(0)
+        pool.wait(1)
+        assert pool.restarts == 1
+        np.testing.assert_array_equal(pool.arrays["truncated"], [1, 1, 0, 0, 1, 1, 0, 0])
+        pool.step()
+        np.testing.assert_array_equal(pool.arrays["done"], 0)
+    finally:
+        pool.close()

@@ -4,6 +4,7 @@ worker process is gone after a run."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 from rlinf_jax.config import load_config
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.host import HostPPO
+from rlinf_jax.evaluate import main as evaluate_main
 from rlinf_jax.train import main as train_main
 
 pytest.importorskip("gymnasium")
@@ -79,6 +81,10 @@ def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
             "runner.eval_interval=2", "runner.save_interval=2"]
     assert train_main(argv) == 0
     capsys.readouterr()
+    # The saved policy evaluates in a pool of its own, closed afterwards.
+    assert evaluate_main([str(out / "ppo_gym_InvertedPendulum-v5")]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["env"] == "gym/InvertedPendulum-v5" and result["eval/return"] > 0
     assert train_main([*argv, "env.name=InvertedPendulumm-v5", "runner.experiment_name=bad"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "InvertedPendulumm-v5" in err

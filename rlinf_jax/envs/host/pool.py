@@ -7,8 +7,9 @@
     pool.close()
 
 The batch is cut into ``num_groups`` contiguous groups (the flow's micro-batches) and
-each group over ``num_workers / num_groups`` workers, so the workers of one group step
-while the caller works on another. Workers are `worker.py` run as scripts under
+every worker holds a slice of each group, so all workers step one group together (every
+core on it) while the caller works on another; commands and answers keep their order
+per worker. Workers are `worker.py` run as scripts under
 ``spec.python`` (any interpreter with numpy and the simulator; no JAX needed).
 
 Supervision: every answer is awaited with a deadline (``step_timeout_s``; a worker's
@@ -100,6 +101,7 @@ class _Worker:
         self.reply_r, reply_w = os.pipe()
         self.log = tempfile.TemporaryFile()
         self._buf = b""
+        self.pending: list[int] = []  # groups whose commands await an answer, in order
         try:
             self.proc = subprocess.Popen(
                 [python, str(WORKER), json.dumps({**spec, "cmd_fd": cmd_r, "reply_fd": reply_w})],
@@ -191,24 +193,23 @@ class HostEnvPool:
             spec = describe(spec, start_timeout_s)
         if num_envs % num_groups:
             raise BadInput(f"env.num_envs={num_envs} does not split into {num_groups} micro-batches")
-        if num_workers % num_groups or num_workers > num_envs:
+        per = num_envs // num_groups
+        if num_workers > per:
             raise BadInput(
-                f"env.num_workers={num_workers} must be a multiple of flow.num_micro_batches={num_groups} "
-                f"and at most env.num_envs={num_envs}"
+                f"env.num_workers={num_workers} is more than the {per} envs of a micro-batch "
+                f"(env.num_envs / flow.num_micro_batches); every worker holds a slice of each"
             )
         self.spec, self.num_envs, self.seed = spec, num_envs, int(seed)
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.restarts = 0
         self.num_groups = num_groups
-        per = num_envs // num_groups
         self._groups = [slice(g * per, (g + 1) * per) for g in range(num_groups)]
-        # Each group's envs over its workers; worker w serves envs slices[w].
-        self.slices, self._group_workers = [], []
+        # Worker w serves slices[w][g] of group g.
+        self.slices = [[] for _ in range(num_workers)]
         for g in range(num_groups):
-            bounds = np.linspace(g * per, (g + 1) * per, num_workers // num_groups + 1).round().astype(int)
-            first = len(self.slices)
-            self.slices += [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
-            self._group_workers.append(list(range(first, len(self.slices))))
+            bounds = np.linspace(g * per, (g + 1) * per, num_workers + 1).round().astype(int)
+            for w in range(num_workers):
+                self.slices[w].append((int(bounds[w]), int(bounds[w + 1])))
         layout, size = _layout(num_envs, spec.observation_size, spec.action_size)
         self._shm = shared_memory.SharedMemory(create=True, size=size)
         self._layout, self._size = layout, size
@@ -233,9 +234,8 @@ class HostEnvPool:
     # ------------------------------------------------------------- processes
     def _spawn(self, w: int, mode: str) -> _Worker:
         s = self.spec
-        lo, hi = self.slices[w]
         return _Worker(s.python, {
-            "env_id": s.env_id, "env_kwargs": s.env_kwargs, "seed": self.seed, "lo": lo, "hi": hi,
+            "env_id": s.env_id, "env_kwargs": s.env_kwargs, "seed": self.seed, "slices": self.slices[w],
             "action_repeat": s.action_repeat, "time_limit": s.time_limit, "reset_mode": s.reset_mode,
             "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, mode: True,
         })
@@ -247,7 +247,7 @@ class HostEnvPool:
             reason = line[4:] if line and line.startswith("err ") else f"no answer in {self.start_timeout_s:.0f} s"
             tail = worker.log_tail().strip().splitlines()
             raise RuntimeError(
-                f"env worker {w} ({self.spec.env_id}, envs {self.slices[w][0]}-{self.slices[w][1] - 1}) did not start: "
+                f"env worker {w} ({self.spec.env_id}, envs {self._envs(w)}) did not start: "
                 f"{reason}" + (f" [{tail[-1]}]" if tail else "")
             )
 
@@ -256,31 +256,43 @@ class HostEnvPool:
         self.workers[w].kill()
         self.workers[w] = None
         self.restarts += 1
-        lo, hi = self.slices[w]
-        print(f"warning: env worker {w} (envs {lo}-{hi - 1}) replaced: {reason}", file=sys.stderr)
+        print(f"warning: env worker {w} (envs {self._envs(w)}) replaced: {reason}", file=sys.stderr)
         self.workers[w] = self._spawn(w, "restart")
         self._await_ready(w)
+
+    def _envs(self, w: int) -> str:
+        return ", ".join(f"{lo}-{hi - 1}" for lo, hi in self.slices[w])
 
     # ------------------------------------------------------------------ steps
     def group(self, g: int) -> slice:
         """The envs of micro-batch ``g``."""
         return self._groups[g]
 
-    def send(self, g: int, command: str = "step") -> None:
-        """Starts ``command`` on the workers of group ``g`` (actions already written)."""
-        for w in self._group_workers[g]:
+    def send(self, g: int, command: str | None = None) -> None:
+        """Starts ``command`` (default: step group ``g``) on every worker, for ``wait(g)``
+        (actions already written)."""
+        for worker in self.workers:
             # A worker that is gone fails this send and is replaced when `wait` reads its exit.
-            self.workers[w].send(command)
+            worker.send(command or f"step {g}")
+            worker.pending.append(g)
 
     def wait(self, g: int) -> None:
-        """Until every worker of group ``g`` has answered; replaces the ones that fail."""
+        """Until every worker has answered its command for group ``g``; replaces the ones
+        that fail (a replacement ends and resets all its envs, so its other pending
+        commands are answered by that too)."""
         deadline = time.monotonic() + self.step_timeout_s
-        for w in self._group_workers[g]:
-            line = self.workers[w].read(deadline)
+        for w in range(len(self.workers)):
+            worker = self.workers[w]
+            if g not in worker.pending:
+                continue  # a replacement: its restart wrote this group's results
+            if worker.pending[0] != g:
+                raise RuntimeError(f"env worker {w}: waited for group {g} before group {worker.pending[0]}")
+            line = worker.read(deadline)
             if line == "ok":
+                worker.pending.pop(0)
                 continue
             if line is None:
-                code = self.workers[w].proc.poll()
+                code = worker.proc.poll()
                 reason = f"exited with code {code}" if code is not None else f"no answer in {self.step_timeout_s:g} s"
             else:
                 reason = line[4:] if line.startswith("err ") else f"unexpected answer {line!r}"
@@ -300,10 +312,8 @@ class HostEnvPool:
     def reset(self, seed: int) -> None:
         """Every env starts episode 0 under ``seed`` (evaluation draws a new seed each time)."""
         self.seed = int(seed)
-        for g in range(self.num_groups):
-            self.send(g, f"reset {self.seed}")
-        for g in range(self.num_groups):
-            self.wait(g)
+        self.send(0, f"reset {self.seed}")
+        self.wait(0)
 
     def close(self) -> None:
         """Stops every worker and frees the shared block; safe to call twice."""

@@ -8,10 +8,11 @@ conflict with JAX's (robosuite, MetaWorld, ...).
 
 Protocol. The parent creates one shared-memory block holding every array of the whole
 batch (layout in the spec: name -> offset, dtype, shape) and two pipes. It writes actions
-into ``action`` and sends a one-line command; the worker steps its envs ``[lo, hi)``,
-writes the results into the same block and answers ``ok``. No array is ever pickled.
+into ``action`` and sends a one-line command; the worker steps its envs of that group
+(micro-batch; a worker holds a slice ``[lo, hi)`` of every group), writes the results
+into the same block and answers ``ok``. No array is ever pickled.
 
-    commands:  step | reset SEED | restart | close
+    commands:  step GROUP | reset SEED | restart | close
     answers:   ok | err MESSAGE          (the first line is ``ready {json description}``)
 
 Semantics per env, matching the JAX wrapper stack of `rlinf_jax.envs.registry`
@@ -237,11 +238,13 @@ def main(argv: list[str]) -> int:
                 env.close()
             return 0
         block = Block(spec["shm_name"], spec["shm_size"], spec["layout"])
-        work = Slice(spec, block.arrays)
-        if spec.get("restart"):
-            work.restart()
-        elif spec.get("resume"):
-            work.resume()
+        # One slice of every micro-batch: the workers step each micro-batch together.
+        work = [Slice({**spec, "lo": lo, "hi": hi}, block.arrays) for lo, hi in spec["slices"]]
+        for part in work:
+            if spec.get("restart"):
+                part.restart()
+            elif spec.get("resume"):
+                part.resume()
         _send(reply, "ready {}")
         for line in iter(cmd.readline, b""):
             words = line.decode().split()
@@ -249,11 +252,13 @@ def main(argv: list[str]) -> int:
                 continue
             try:
                 if words[0] == "step":
-                    work.step()
+                    work[int(words[1])].step()
                 elif words[0] == "reset":
-                    work.reset(int(words[1]))
+                    for part in work:
+                        part.reset(int(words[1]))
                 elif words[0] == "restart":
-                    work.restart()
+                    for part in work:
+                        part.restart()
                 elif words[0] == "close":
                     _send(reply, "ok")
                     return 0
@@ -273,8 +278,8 @@ def main(argv: list[str]) -> int:
             pass
         return 1
     finally:
-        if work is not None:
-            work.close()
+        for part in work or ():
+            part.close()
         if block is not None:
             block.close()
 

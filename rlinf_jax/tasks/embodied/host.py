@@ -6,8 +6,9 @@
 A host env cannot be stepped inside `jit`, so the rollout is a host loop: for each step
 and each of the ``flow.num_micro_batches`` micro-batches, wait for that micro-batch's
 workers, infer its actions, write them into shared memory and let the workers step it.
-With two micro-batches the workers of one half step while the policy infers the other
-(RLinf's ``pipeline_stage_num``); with one, they take turns.
+With two micro-batches the workers step one half while the policy infers the other
+(RLinf's ``pipeline_stage_num``); every worker holds envs of both halves, so each half
+is stepped by all of them. With one micro-batch they take turns.
 
 The maths is the fused trainer's: the same `ppo.Learner` and `ppo.learn`, and the policy's
 keys folded from each env's global index and the step exactly as in `rollout.unroll`,
@@ -61,10 +62,10 @@ class HostPPO(Trainer):
         e = cfg.env
         self.num_micro = cfg.flow.num_micro_batches
         B = self.env.num_envs
-        if B % self.num_micro or e.num_workers % self.num_micro or e.num_workers > B:
+        if B % self.num_micro or e.num_workers > B // self.num_micro:
             raise BadInput(
-                f"env.num_envs={B} and env.num_workers={e.num_workers} must both be multiples of "
-                f"flow.num_micro_batches={self.num_micro}, with at most one worker per env"
+                f"env.num_envs={B} must split into flow.num_micro_batches={self.num_micro} micro-batches of at "
+                f"least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
             )
         self.micro = B // self.num_micro
         self.substeps = e.action_repeat
@@ -110,11 +111,12 @@ class HostPPO(Trainer):
             pool.close()
 
     # ---------------------------------------------------------- trainer protocol
-    def init(self) -> HostState:
+    def fresh_state(self) -> TrainState:
+        """The state of step 0 as a checkpoint holds it (no worker started)."""
         key = jax.random.PRNGKey(self.cfg.runner.seed)
         key, _ = jax.random.split(key)  # the reset key of a JAX env's fresh state, unused here
         params = jax.tree.map(jnp.copy, self._init_params)
-        ts = TrainState(
+        return TrainState(
             params=params,
             opt_state=self.tx.init(params),
             obs_stats=normalization.init_stats(stats_size(self.env, self.policy.normalizable_observations)),
@@ -123,7 +125,12 @@ class HostPPO(Trainer):
             step=jnp.zeros((), jnp.int32),
             bad_iterations=jnp.zeros((), jnp.int32),
         )
-        return self.start(ts)
+
+    # What a checkpoint restore reads into, for evaluation (`tasks.embodied.evaluate`).
+    checkpoint_target = fresh_state
+
+    def init(self) -> HostState:
+        return self.start(self.fresh_state())
 
     def start(self, ts: TrainState) -> HostState:
         episode_index = np.asarray(ts.env_state["episode_index"])
@@ -223,6 +230,16 @@ class HostPPO(Trainer):
         return s, sums
 
     def run_eval(self, s: HostState, key) -> dict:
+        return self.evaluate(s.learner.params, s.learner.obs_stats, key)
+
+    def deterministic(self, params, stats):
+        """``obs -> action``: the policy's evaluation action."""
+        return lambda obs: self._act_eval(params, stats, obs)
+
+    def policy_fn(self, params, stats):
+        return ppo.acting(self.learner, params, stats)
+
+    def evaluate(self, params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
         e = self.cfg.env
         if self.eval_pool is None:
@@ -235,7 +252,7 @@ class HostPPO(Trainer):
         n = self.eval_env.num_envs
         ret, length, alive = np.zeros(n), np.zeros(n), np.ones(n)
         for _ in range(self.env.spec.time_limit):
-            action = np.asarray(self.act_eval(s.learner.params, s.learner.obs_stats, pool.arrays["obs"].copy()))
+            action = np.asarray(self.act_eval(params, stats, pool.arrays["obs"].copy()))
             pool.step(action)
             ret += pool.arrays["reward"] * alive
             length += alive
