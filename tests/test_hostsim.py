@@ -170,7 +170,9 @@ def test_a_killed_worker_is_replaced_and_its_episodes_end(tmp_path):
 
 @pytest.mark.parametrize("failure", ["hang_file", "crash_file"])
 def test_a_hung_or_crashed_worker_never_hangs_the_run(tmp_path, failure):
-    spec = HostEnvSpec(TOY, episode_length=50, env_kwargs={failure: str(tmp_path / "once")})
+    # Sizes given: describing the env would take its one failing step itself.
+    spec = HostEnvSpec(TOY, episode_length=50, env_kwargs={failure: str(tmp_path / "once")}, observation_size=2,
+                       action_size=1)
     pool = HostEnvPool(spec, 2, 1, seed=0, step_timeout_s=3)
     try:
         pool.step(np.zeros((2, 1), np.float32))  # the first step fails: hangs (3 s deadline) or exits
@@ -285,3 +287,37 @@ def test_a_worker_killed_with_both_micro_batches_pending():
         np.testing.assert_array_equal(pool.arrays["done"], 0)
     finally:
         pool.close()
+
+
+def test_worker_environment_names_resolve_or_are_refused_in_one_line(tmp_path):
+    from rlinf_jax.envs.install import resolve_worker_python
+
+    assert resolve_worker_python("") == sys.executable
+    assert resolve_worker_python("/opt/py/bin/python") == "/opt/py/bin/python"
+    for name, words in (("robosuitee", "neither an interpreter"), ("metaworld", "python -m rlinf_jax.envs.install metaworld")):
+        with pytest.raises(BadInput) as e:
+            resolve_worker_python(name, root=tmp_path)
+        assert words in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "metaworld").mkdir()
+    (tmp_path / "metaworld" / "python.txt").write_text(sys.executable + "\n")
+    assert resolve_worker_python("metaworld", root=tmp_path) == sys.executable
+
+
+def test_metaworld_in_its_own_worker_environment():
+    """MetaWorld pins mujoco 3.3.0 against our 4.x: its workers run under the interpreter
+    `python -m rlinf_jax.envs.install metaworld` recorded, and report success."""
+    from rlinf_jax.envs.install import recorded_python
+
+    try:
+        python = recorded_python("metaworld")
+    except BadInput as e:
+        pytest.skip(str(e))
+    version = subprocess.run([python, "-c", "import mujoco; print(mujoco.__version__)"], capture_output=True, text=True)
+    assert version.stdout.strip().startswith("3.")
+    spec = describe(HostEnvSpec("metaworld:Meta-World/MT1", episode_length=20, python=python,
+                                env_kwargs={"env_name": "reach-v3"}, reset_mode="fresh"))
+    assert (spec.observation_size, spec.action_size, spec.has_success) == (39, 4, True)
+    first, run = _host_run(spec, _actions(25, 4, 4, seed=5), num_workers=2)
+    assert len({tuple(r) for r in first}) == 4  # goals drawn per env seed
+    np.testing.assert_array_equal(run["done"][19], 1)  # the 20-step time limit
+    np.testing.assert_array_equal(run["truncated"][19], 1)

@@ -53,6 +53,7 @@ class HostEnvSpec:
     env_kwargs: dict = field(default_factory=dict)
     observation_size: int = 0
     action_size: int = 0
+    has_success: bool = False  # the env reports info["success"] (or "is_success")
 
     @property
     def time_limit(self) -> int:
@@ -174,7 +175,8 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
         reason = line[4:] if line and line.startswith("err ") else "no answer"
         raise BadInput(f"env.name={spec.env_id!r} cannot be made by {spec.python}: {reason}")
     d = json.loads(line[len("ready "):])
-    return HostEnvSpec(**{**spec.__dict__, "observation_size": d["observation_size"], "action_size": d["action_size"]})
+    return HostEnvSpec(**{**spec.__dict__, "observation_size": d["observation_size"], "action_size": d["action_size"],
+                                   "has_success": d["has_success"]})
 
 
 class HostEnvPool:

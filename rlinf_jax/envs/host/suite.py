@@ -8,11 +8,11 @@ is the reference set), stepped by C MuJoCo in the workers.
 from __future__ import annotations
 
 import numbers
-import sys
 from dataclasses import dataclass
 
 from rlinf_jax.config.schema import EnvConfig
 from rlinf_jax.envs.host.pool import HostEnvSpec, describe
+from rlinf_jax.envs.install import resolve_worker_python
 from rlinf_jax.errors import BadInput
 
 HOST_SUITES = ("gym",)
@@ -64,6 +64,7 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         episode_length=int(cfg.episode_length),
         action_repeat=int(cfg.action_repeat),
         reset_mode=cfg.reset_mode,
-        python=cfg.worker_python or sys.executable,
+        python=resolve_worker_python(cfg.worker_python),
+        env_kwargs=dict(cfg.gym_kwargs or {}),
     )
     return describe(spec)

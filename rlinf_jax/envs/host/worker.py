@@ -231,9 +231,14 @@ def main(argv: list[str]) -> int:
     work = None
     try:
         if spec.get("describe_only"):
-            env = make_env(spec["env_id"], spec.get("env_kwargs", {}), 1)
+            env = make_env(spec["env_id"], spec.get("env_kwargs", {}), 2)
             try:
-                _send(reply, "ready " + json.dumps(describe(env)))
+                d = describe(env)
+                # Whether the env reports success (MetaWorld's info["success"]): one step shows it.
+                env.reset(seed=0)
+                info = env.step(((np.asarray(d["action_low"]) + np.asarray(d["action_high"])) / 2).reshape(env.action_space.shape))[4]
+                d["has_success"] = any(k in info for k in ("success", "is_success"))
+                _send(reply, "ready " + json.dumps(d))
             finally:
                 env.close()
             return 0

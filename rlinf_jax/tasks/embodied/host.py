@@ -70,7 +70,7 @@ class HostPPO(Trainer):
         self.micro = B // self.num_micro
         self.substeps = e.action_repeat
         self.T = cfg.algorithm.rollout_length
-        self.has_success = False
+        self.has_success = self.env.spec.has_success
         settings = ppo.PPOSettings.from_config(cfg, B, self.substeps, 0)
         self.env_steps_per_iteration = settings.batch_size * self.substeps
         self.tx = setup_lib.optimizer(cfg)
@@ -250,20 +250,25 @@ class HostPPO(Trainer):
         pool = self.eval_pool
         pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
         n = self.eval_env.num_envs
-        ret, length, alive = np.zeros(n), np.zeros(n), np.ones(n)
+        ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
         for _ in range(self.env.spec.time_limit):
             action = np.asarray(self.act_eval(params, stats, pool.arrays["obs"].copy()))
             pool.step(action)
             ret += pool.arrays["reward"] * alive
             length += alive
+            ended = alive * pool.arrays["done"]
+            success = np.where(ended > 0, pool.arrays["episode_success"], success)
             alive *= 1.0 - pool.arrays["done"]
             if not alive.any():
                 break
-        return {
+        out = {
             "eval/return": float(np.mean(ret)),
             "eval/return_std": float(np.std(ret)),
             "eval/episode_length": float(np.mean(length)) * self.substeps,
         }
+        if self.has_success:
+            out["eval/success"] = float(np.mean(success))
+        return out
 
     def summarize(self, sums, n):
         return ppo.summarize(sums, n, self.substeps, self.has_success)
