@@ -173,6 +173,9 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
         w.kill()
     if line is None or not line.startswith("ready "):
         reason = line[4:] if line and line.startswith("err ") else "no answer"
+        if "No module named" in reason:
+            reason += (" (install the simulator for that interpreter: pip install -e '.[gym]', or build a worker "
+                       "environment with python -m rlinf_jax.envs.install NAME and set env.worker_python=NAME)")
         raise BadInput(f"env.name={spec.env_id!r} cannot be made by {spec.python}: {reason}")
     d = json.loads(line[len("ready "):])
     return HostEnvSpec(**{**spec.__dict__, "observation_size": d["observation_size"], "action_size": d["action_size"],
