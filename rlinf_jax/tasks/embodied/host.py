@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlinf_jax.algos import get_advantage, get_policy_loss
+from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, get_advantage, get_policy_loss
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.host import HostEnvPool
@@ -54,6 +54,12 @@ class HostPPO(Trainer):
         if len(mesh.devices.flat) != 1:
             raise BadInput(
                 "a host simulator (env.suite=gym) trains on one device; set cluster.num_devices=1"
+            )
+        if cfg.algorithm.adv_type in GROUP_OUTCOME_ADVANTAGES:
+            # Groups share a reset state, which a host simulator's seeds per env do not give.
+            raise BadInput(
+                f"algorithm.adv_type={cfg.algorithm.adv_type} needs envs that share resets; host simulators "
+                "(env.suite=gym) run gae-style estimators: set algorithm.adv_type=gae"
             )
         self.cfg, self.mesh = cfg, mesh
         self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
