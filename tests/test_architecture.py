@@ -47,8 +47,12 @@ DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "lau
 # needed on one path only (each such import carries a comment saying which).
 OPTIONAL = {
     "brax", "mujoco_playground", "torch", "transformers", "ray", "reasoning_gym", "math_verify",
-    "pyarrow", "tensorboardX", "safetensors", "rich",
+    "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium",
 }
+# Scripts run as worker processes under any interpreter (env.worker_python): the standard
+# library, numpy and the simulator only; never JAX, never the package itself.
+WORKER_SCRIPTS = {"rlinf_jax.envs.host.worker"}
+WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium"}
 
 
 def _modules() -> dict[str, Path]:
@@ -159,6 +163,15 @@ def test_imports_sit_at_the_top_of_their_module():
             continue
         bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} inside a function")
     assert not bad, "function-local imports:\n" + "\n".join(bad)
+
+
+def test_worker_scripts_import_no_jax_and_nothing_of_the_package():
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for name, path, line, target, _ in _edges()
+        if name in WORKER_SCRIPTS and target.split(".")[0] not in WORKER_IMPORTS
+    ]
+    assert not bad, "a worker script must run without JAX and without rlinf_jax:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("package", ["flow"])

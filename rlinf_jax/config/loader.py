@@ -78,7 +78,8 @@ LEAVES = _schema_leaves()
 SECTIONS = _schema_sections()
 # Leaves that hold free-form mappings (component names, mesh axes, logical axes); their
 # keys are checked against the recipe's components when the placement is resolved.
-OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules"}
+# Mappings whose keys are the user's own (mesh axes, a simulator's keyword arguments).
+OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules", "env.gym_kwargs"}
 FLOW_RUNNERS = ("fused", "staged", "auto")
 PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
 

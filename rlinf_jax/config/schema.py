@@ -71,6 +71,18 @@ class EnvConfig:
     # its first success instead of at episode_length.
     layout: str = "random"
     terminate_on_success: bool = False
+    # Host simulators (suite "gym": a Gymnasium env id as env.name, "module:id" imports the
+    # module that registers it), stepped by worker processes: how many (at most the envs of
+    # a micro-batch), the interpreter they run under (another virtual environment when the
+    # simulator's pins conflict with ours) and how long one step may take before a worker
+    # is replaced.
+    num_workers: int = 1
+    # "" = this interpreter; a path to another one; or the name of a worker environment
+    # built by `python -m rlinf_jax.envs.install NAME` (e.g. metaworld).
+    worker_python: str = ""
+    step_timeout_s: float = 60.0
+    # Keyword arguments of gymnasium.make (e.g. {env_name: reach-v3} for Meta-World/MT1).
+    gym_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from rlinf_jax.config.schema import Config
+from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import Placement, resolve_num_devices
@@ -17,7 +18,8 @@ def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement 
     """The trainer for ``cfg``; ``setup`` defaults to a fresh one with the run's warm start."""
     if setup is None:
         setup = warm_start(cfg, make_setup(cfg))
-    if placement is None and cfg.cluster.component_placement == "auto":
+    # Auto-placement times JAX env layouts; a host simulator has one runner.
+    if placement is None and cfg.cluster.component_placement == "auto" and not is_host_suite(cfg.env):
         if is_multiprocess():
             # Each process would time the candidates itself and might pick another one.
             raise BadInput(

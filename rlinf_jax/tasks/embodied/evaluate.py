@@ -28,7 +28,13 @@ def restore(point, cfg: Config):
     cfg.flow = FlowConfig()
     # The checkpoint holds the weights: no warm start to redo.
     trainer = placed_trainer(cfg, make_setup(cfg))
-    state, _ = restore_checkpoint(point, trainer.init(), keep=cfg.runner.keep_checkpoints)
+    # A host simulator's trainer gives the checkpoint's layout without starting workers.
+    target = getattr(trainer, "checkpoint_target", trainer.init)()
+    try:
+        state, _ = restore_checkpoint(point, target, keep=cfg.runner.keep_checkpoints)
+    except BaseException:
+        trainer.close()
+        raise
     return trainer, state
 
 
@@ -39,9 +45,12 @@ def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int 
     if strip is not None and Path(strip).exists():
         raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer, state = restore(point, cfg)
-    metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed)).items()}
-    if strip is not None:
-        metrics["strip"] = str(save_strip(trainer, state, cfg, seed, strip, strip_episodes))
+    try:  # a host simulator's evaluation starts worker processes
+        metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed)).items()}
+        if strip is not None:
+            metrics["strip"] = str(save_strip(trainer, state, cfg, seed, strip, strip_episodes))
+    finally:
+        trainer.close()
     return int(state.step), metrics
 
 

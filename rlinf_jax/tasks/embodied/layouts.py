@@ -6,8 +6,10 @@ from __future__ import annotations
 import jax
 
 from rlinf_jax.config.schema import Config
+from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
 from rlinf_jax.tasks.embodied.trainer import PPOTrainer
@@ -26,9 +28,16 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
     """
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
     devices = jax.devices()[:num_devices]
-    if placement is None:
+    if placement is None and is_host_suite(cfg.env) and cfg.cluster.component_placement == "auto":
+        # One runner for a host simulator: nothing for auto-placement to choose.
+        placement = resolve_placement("collocated", COMPONENTS, num_devices, cfg.cluster.mesh)
+    elif placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
-    if runners.fused(cfg.flow, placement):
+    if is_host_suite(cfg.env):
+        # A host simulator steps outside jit: its own host-stepped runner, pipelined by
+        # flow.num_micro_batches, with the same PPO maths.
+        trainer = HostPPO(cfg, setup, component_mesh(placement, "actor", devices))
+    elif runners.fused(cfg.flow, placement):
         trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices))
     else:
         trainer = StagedPPO(cfg, setup, placement, devices)

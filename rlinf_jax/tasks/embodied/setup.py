@@ -18,6 +18,7 @@ from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.envs.base import Env
+from rlinf_jax.envs.host.suite import HostEnv, host_spec, is_host_suite
 from rlinf_jax.envs.tabletop import SPLITS
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adam
@@ -39,9 +40,14 @@ class Setup:
 
 def make_setup(cfg: Config) -> Setup:
     """The envs and a fresh model of ``actor.model`` seeded with ``runner.seed``."""
-    with local_devices_first():
-        env = make_env(cfg.env)
-        eval_env = make_eval_env(cfg.env)
+    if is_host_suite(cfg.env):
+        # Host simulators: sizes now, worker processes when the trainer starts.
+        spec = host_spec(cfg.env)
+        env, eval_env = HostEnv(spec, cfg.env.num_envs), HostEnv(spec, cfg.env.num_eval_envs)
+    else:
+        with local_devices_first():
+            env = make_env(cfg.env)
+            eval_env = make_eval_env(cfg.env)
     policy = embodied_policy(cfg, env)
     if cfg.algorithm.normalize_observations and not policy.normalizable_observations:
         raise BadInput(

@@ -1,0 +1,91 @@
+"""Worker environments: a virtual environment per host simulator whose pins conflict with
+ours, built from the package registry, its interpreter recorded for ``env.worker_python``.
+
+    python -m rlinf_jax.envs.install metaworld        # ~/.cache/rlinf_jax/workers/metaworld
+    python -m rlinf_jax.train --config ppo_metaworld_reach   # env.worker_python: metaworld
+
+A worker needs numpy and the simulator only (`envs/host/worker.py`), so the environment
+holds nothing of ours and no JAX. Nothing is downloaded at run time: the install is the
+one step that reaches the registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from rlinf_jax.errors import BadInput
+
+# Simulator -> the requirements of its worker environment. MetaWorld 3.1.1 pins
+# mujoco==3.3.0 and imports packaging without declaring it. (robosuite 1.5.2, which
+# needs mujoco 3.3.7, joins once its worker adapter exists: docs/simulators.md.)
+SIMULATORS = {
+    "metaworld": ["metaworld==3.1.1", "packaging", "gymnasium>=1.0"],
+    "gym": ["gymnasium[mujoco]>=1.2"],
+}
+ROOT = Path("~/.cache/rlinf_jax/workers")
+
+
+def env_dir(name: str, root: Path | None = None) -> Path:
+    return (root or ROOT).expanduser() / name
+
+
+def recorded_python(name: str, root: Path | None = None) -> str:
+    """The interpreter of the worker environment ``name``; a one-line error naming the
+    install command when it was never built."""
+    if name not in SIMULATORS:
+        raise BadInput(
+            f"env.worker_python={name!r} is neither an interpreter path nor a worker environment; "
+            f"choose one of {', '.join(SIMULATORS)} or a path to python"
+        )
+    record = env_dir(name, root) / "python.txt"
+    python = record.read_text().strip() if record.is_file() else ""
+    if not python or not Path(python).is_file():
+        raise BadInput(
+            f"the worker environment {name!r} is not installed; build it with: python -m rlinf_jax.envs.install {name}"
+        )
+    return python
+
+
+def resolve_worker_python(value: str, root: Path | None = None) -> str:
+    """``env.worker_python``: "" -> this interpreter, a path -> itself, a name -> its record."""
+    if not value:
+        return sys.executable
+    if "/" in value or Path(value).is_file():
+        return value
+    return recorded_python(value, root)
+
+
+def install(name: str, root: Path | None = None, extra: list[str] | None = None) -> str:
+    """Builds (or updates) the worker environment ``name`` and returns its interpreter."""
+    if name not in SIMULATORS:
+        raise BadInput(f"unknown simulator {name!r}; choose one of {', '.join(SIMULATORS)}")
+    where = env_dir(name, root)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    python = str(where / "bin" / "python")
+    # numpy: the worker protocol's arrays (the simulator's own pin decides the version).
+    subprocess.run([python, "-m", "pip", "install", "numpy", *SIMULATORS[name], *(extra or [])], check=True)
+    (where / "python.txt").write_text(python + "\n")
+    return python
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlinf_jax.envs.install", description=__doc__.splitlines()[0])
+    p.add_argument("simulator", choices=sorted(SIMULATORS))
+    p.add_argument("--root", type=Path, default=None, help=f"where environments live (default {ROOT})")
+    args = p.parse_args(argv)
+    try:
+        python = install(args.simulator, args.root)
+    except subprocess.CalledProcessError as e:
+        print(f"error: building the {args.simulator} worker environment failed ({e.cmd[2:4]}): see pip's output above",
+              file=sys.stderr)
+        return 2
+    print(f"{args.simulator}: {python} (env.worker_python={args.simulator})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Embodied PPO on a host simulator: env workers step in C while the policy infers in XLA.
+
+    workers (group m)   step micro-batch m  ---- obs in shared memory ---->
+    this process        infer micro-batch m+1 (jit)  ...  ppo.learn (jit) on the whole rollout
+
+A host env cannot be stepped inside `jit`, so the rollout is a host loop: for each step
+and each of the ``flow.num_micro_batches`` micro-batches, wait for that micro-batch's
+workers, infer its actions, write them into shared memory and let the workers step it.
+With two micro-batches the workers step one half while the policy infers the other
+(RLinf's ``pipeline_stage_num``); every worker holds envs of both halves, so each half
+is stepped by all of them. With one micro-batch they take turns.
+
+The maths is the fused trainer's: the same `ppo.Learner` and `ppo.learn`, and the policy's
+keys folded from each env's global index and the step exactly as in `rollout.unroll`,
+with env resets seeded per global env index in the workers, so the number of
+micro-batches or workers changes no number.
+
+Checkpoints hold each env's episode counter (``env_state["episode_index"]``): a resumed
+run starts every env at its next episode with that episode's seed. What cannot be
+restored is the simulator's state inside an unfinished episode (C MuJoCo's data, the
+simulator's own random state), so those episodes restart from their initial state.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, get_advantage, get_policy_loss
+from rlinf_jax.config.schema import Config
+from rlinf_jax.envs import normalization
+from rlinf_jax.envs.host import HostEnvPool
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.rollout import Transition, env_keys, step_keys
+from rlinf_jax.sharding import replicate
+from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
+from rlinf_jax.tasks.embodied.setup import Setup
+from rlinf_jax.tasks.embodied.state import TrainState, stats_size
+
+
+@dataclass
+class HostState:
+    learner: TrainState  # env_state: {"episode_index": [num_envs]} (what a checkpoint holds)
+    obs: np.ndarray  # the batch's current observations, [num_envs, obs]
+
+
+class HostPPO(Trainer):
+    def __init__(self, cfg: Config, setup: Setup, mesh):
+        if len(mesh.devices.flat) != 1:
+            raise BadInput(
+                "a host simulator (env.suite=gym) trains on one device; set cluster.num_devices=1"
+            )
+        if cfg.algorithm.adv_type in GROUP_OUTCOME_ADVANTAGES:
+            # Groups share a reset state, which a host simulator's seeds per env do not give.
+            raise BadInput(
+                f"algorithm.adv_type={cfg.algorithm.adv_type} needs envs that share resets; host simulators "
+                "(env.suite=gym) run gae-style estimators: set algorithm.adv_type=gae"
+            )
+        self.cfg, self.mesh = cfg, mesh
+        self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
+        self.policy, self.graphdef, self._init_params = setup.policy, setup.graphdef, setup.params
+        self.warm_start_metrics = setup.warm_start_metrics
+        e = cfg.env
+        self.num_micro = cfg.flow.num_micro_batches
+        B = self.env.num_envs
+        if B % self.num_micro or e.num_workers > B // self.num_micro:
+            raise BadInput(
+                f"env.num_envs={B} must split into flow.num_micro_batches={self.num_micro} micro-batches of at "
+                f"least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
+            )
+        self.micro = B // self.num_micro
+        self.substeps = e.action_repeat
+        self.T = cfg.algorithm.rollout_length
+        self.has_success = self.env.spec.has_success
+        settings = ppo.PPOSettings.from_config(cfg, B, self.substeps, 0)
+        self.env_steps_per_iteration = settings.batch_size * self.substeps
+        self.tx = setup_lib.optimizer(cfg)
+        a = cfg.algorithm
+        self.learner = ppo.Learner(
+            self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type), None
+        )
+        self.learn = jax.jit(functools.partial(ppo.learn, self.learner), donate_argnums=0)
+        self.infer = jax.jit(self._infer)
+        self.act_eval = jax.jit(self._act_eval)
+        self.pool: HostEnvPool | None = None
+        self.eval_pool: HostEnvPool | None = None
+        self._restarts_before = 0
+
+    # ------------------------------------------------------------- programs
+    def _infer(self, params, stats, obs, rollout_key, t, first_env):
+        keys = env_keys(step_keys(rollout_key, self.T)[t], obs.shape[0], first_env)
+        return ppo.acting(self.learner, params, stats)(obs, keys)
+
+    def _act_eval(self, params, stats, obs):
+        model = self.learner.model(params)
+        return self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
+
+    # ---------------------------------------------------------------- pools
+    def _open_pool(self, episode_index) -> None:
+        e = self.cfg.env
+        self._close_pool("pool")
+        self.pool = HostEnvPool(
+            self.env.spec, self.env.num_envs, e.num_workers, seed=self.cfg.runner.seed, num_groups=self.num_micro,
+            episode_index=episode_index, step_timeout_s=e.step_timeout_s,
+        )
+
+    def _close_pool(self, name: str) -> None:
+        pool = getattr(self, name)
+        if pool is not None:
+            self._restarts_before += pool.restarts
+            setattr(self, name, None)
+            pool.close()
+
+    # ---------------------------------------------------------- trainer protocol
+    def fresh_state(self) -> TrainState:
+        """The state of step 0 as a checkpoint holds it (no worker started)."""
+        key = jax.random.PRNGKey(self.cfg.runner.seed)
+        key, _ = jax.random.split(key)  # the reset key of a JAX env's fresh state, unused here
+        params = jax.tree.map(jnp.copy, self._init_params)
+        return TrainState(
+            params=params,
+            opt_state=self.tx.init(params),
+            obs_stats=normalization.init_stats(stats_size(self.env, self.policy.normalizable_observations)),
+            env_state={"episode_index": np.zeros(self.env.num_envs, np.int32)},
+            key=key,
+            step=jnp.zeros((), jnp.int32),
+            bad_iterations=jnp.zeros((), jnp.int32),
+        )
+
+    # What a checkpoint restore reads into, for evaluation (`tasks.embodied.evaluate`).
+    checkpoint_target = fresh_state
+
+    def init(self) -> HostState:
+        return self.start(self.fresh_state())
+
+    def start(self, ts: TrainState) -> HostState:
+        episode_index = np.asarray(ts.env_state["episode_index"])
+        if episode_index.shape != (self.env.num_envs,):
+            raise BadInput(
+                f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
+                f"{self.env.num_envs}; resume with the run's env.num_envs"
+            )
+        self._open_pool(episode_index)
+        learner = replicate(ts.replace(env_state=None), self.mesh)
+        return HostState(learner=learner, obs=self.pool.arrays["obs"].copy())
+
+    def snapshot(self, s: HostState) -> TrainState:
+        counters = self.pool.arrays["episode_index"].astype(np.int32)
+        return s.learner.replace(env_state={"episode_index": counters})
+
+    def progress(self, s: HostState) -> tuple[int, int]:
+        return int(s.learner.step), int(s.learner.bad_iterations)
+
+    def compile(self, s: HostState, eval_key) -> None:
+        ts = s.learner
+        obs = jax.ShapeDtypeStruct((self.micro, self.env.observation_size), jnp.float32)
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        self.infer = self.infer.lower(ts.params, ts.obs_stats, obs, ts.key, i32, i32).compile()
+        outs = jax.eval_shape(self._infer, ts.params, ts.obs_stats, obs, ts.key, i32, i32)
+        T, B, O = self.T, self.env.num_envs, self.env.observation_size
+        f = lambda *shape: jax.ShapeDtypeStruct((T, B, *shape), jnp.float32)  # noqa: E731
+        traj = Transition(
+            obs=f(O), raw_action=f(*outs[1].shape[1:]), logprob=f(), reward=f(), done=f(), truncated=f(),
+            final_obs=f(O), episode_return=f(), episode_length=jax.ShapeDtypeStruct((T, B), jnp.int32),
+            episode_success=f(), value=f() if len(outs) > 3 else None,
+        )
+        last = jax.ShapeDtypeStruct((B, O), jnp.float32)
+        self.learn = self.learn.lower(ts, traj, last, ts.key).compile()
+        eval_obs = jax.ShapeDtypeStruct((self.eval_env.num_envs, O), jnp.float32)
+        self.act_eval = self.act_eval.lower(ts.params, ts.obs_stats, eval_obs).compile()
+
+    def _rollout(self, s: HostState, rollout_key):
+        """One rollout of ``T`` steps, micro-batch by micro-batch (see the module's doc)."""
+        pool, T, B, mb = self.pool, self.T, self.env.num_envs, self.micro
+        arr = pool.arrays
+        O = self.env.observation_size
+        buf = {k: np.zeros((T, B), np.float32) for k in ("logprob", "reward", "done", "truncated", "episode_return",
+                                                        "episode_success", "value")}
+        buf["episode_length"] = np.zeros((T, B), np.int32)
+        buf["obs"] = np.zeros((T, B, O), np.float32)
+        buf["final_obs"] = np.zeros((T, B, O), np.float32)
+        raw = None
+        obs = s.obs
+        params, stats = s.learner.params, s.learner.obs_stats
+        has_value = False
+
+        def collect(t, sl):  # the results of step t of micro-batch sl, once its workers answered
+            for k in ("reward", "done", "truncated", "episode_return", "episode_length", "episode_success"):
+                buf[k][t, sl] = arr[k][sl]
+            buf["final_obs"][t, sl] = arr["final_obs"][sl]
+            obs[sl] = arr["obs"][sl]
+
+        for t in range(T):
+            for m in range(self.num_micro):
+                sl = pool.group(m)
+                if t:
+                    pool.wait(m)
+                    collect(t - 1, sl)
+                buf["obs"][t, sl] = obs[sl]
+                out = self.infer(params, stats, obs[sl], rollout_key, np.int32(t), np.int32(m * mb))
+                action, raw_m, logprob, *value = jax.device_get(out)
+                if raw is None:
+                    raw = np.zeros((T, B, *raw_m.shape[1:]), np.float32)
+                arr["action"][sl] = action
+                pool.send(m)
+                raw[t, sl] = raw_m
+                buf["logprob"][t, sl] = logprob
+                if value:
+                    has_value = True
+                    buf["value"][t, sl] = value[0]
+        for m in range(self.num_micro):
+            sl = pool.group(m)
+            pool.wait(m)
+            collect(T - 1, sl)
+        traj = Transition(
+            obs=buf["obs"], raw_action=raw, logprob=buf["logprob"], reward=buf["reward"], done=buf["done"],
+            truncated=buf["truncated"], final_obs=buf["final_obs"], episode_return=buf["episode_return"],
+            episode_length=buf["episode_length"], episode_success=buf["episode_success"],
+            value=buf["value"] if has_value else None,
+        )
+        return traj, obs.copy()
+
+    def run_iterations(self, s: HostState, n: int):
+        sums = None
+        for _ in range(n):
+            key, rollout_key, update_key = jax.random.split(s.learner.key, 3)
+            traj, last_obs = self._rollout(s, rollout_key)
+            learner, metrics = self.learn(s.learner.replace(key=key), traj, last_obs, update_key)
+            s.learner = learner
+            sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
+        return s, sums
+
+    def run_eval(self, s: HostState, key) -> dict:
+        return self.evaluate(s.learner.params, s.learner.obs_stats, key)
+
+    def deterministic(self, params, stats):
+        """``obs -> action``: the policy's evaluation action."""
+        return lambda obs: self._act_eval(params, stats, obs)
+
+    def policy_fn(self, params, stats):
+        return ppo.acting(self.learner, params, stats)
+
+    def evaluate(self, params, stats, key) -> dict:
+        """One deterministic episode per eval env, each from a seed drawn from ``key``."""
+        e = self.cfg.env
+        if self.eval_pool is None:
+            self.eval_pool = HostEnvPool(
+                self.eval_env.spec, self.eval_env.num_envs, min(e.num_workers, self.eval_env.num_envs),
+                seed=0, step_timeout_s=e.step_timeout_s,
+            )
+        pool = self.eval_pool
+        pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+        n = self.eval_env.num_envs
+        ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
+        for _ in range(self.env.spec.time_limit):
+            action = np.asarray(self.act_eval(params, stats, pool.arrays["obs"].copy()))
+            pool.step(action)
+            ret += pool.arrays["reward"] * alive
+            length += alive
+            ended = alive * pool.arrays["done"]
+            success = np.where(ended > 0, pool.arrays["episode_success"], success)
+            alive *= 1.0 - pool.arrays["done"]
+            if not alive.any():
+                break
+        out = {
+            "eval/return": float(np.mean(ret)),
+            "eval/return_std": float(np.std(ret)),
+            "eval/episode_length": float(np.mean(length)) * self.substeps,
+        }
+        if self.has_success:
+            out["eval/success"] = float(np.mean(success))
+        return out
+
+    def summarize(self, sums, n):
+        return ppo.summarize(sums, n, self.substeps, self.has_success)
+
+    def flow_stats(self) -> dict[str, float]:
+        restarts = self._restarts_before + sum(p.restarts for p in (self.pool, self.eval_pool) if p is not None)
+        return {"env/worker_restarts": float(restarts)}
+
+    def close(self) -> None:
+        self._close_pool("pool")
+        self._close_pool("eval_pool")

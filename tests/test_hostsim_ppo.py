@@ -1,0 +1,90 @@
+"""Embodied PPO on a host simulator (env.suite=gym): micro-batches and workers change no
+number, checkpoints carry the episode counters, bad env ids are one error line, and every
+worker process is gone after a run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from rlinf_jax.config import load_config
+from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.host import HostPPO
+from rlinf_jax.evaluate import main as evaluate_main
+from rlinf_jax.train import main as train_main
+
+pytest.importorskip("gymnasium")
+
+TINY = [
+    "env.num_envs=8", "env.num_eval_envs=4", "env.episode_length=20", "algorithm.rollout_length=8",
+    "algorithm.num_minibatches=2", "algorithm.update_epochs=1", "actor.model.policy_hidden_sizes=[16,16]",
+    "actor.model.value_hidden_sizes=[16,16]", "runner.progress_bar=false", "runner.tensorboard=false",
+]
+
+
+def _params_after(overrides, iterations=2):
+    trainer = build_trainer(load_config("ppo_gym_mujoco", [*TINY, *overrides]))
+    assert isinstance(trainer, HostPPO)
+    try:
+        state = trainer.init()
+        state, sums = trainer.run_iterations(state, iterations)
+        metrics = trainer.summarize(sums, iterations)
+        ev = trainer.run_eval(state, jax.random.PRNGKey(3))
+        leaves = [np.asarray(x) for x in jax.tree.leaves(state.learner.params)]
+        pids = [w.proc.pid for w in trainer.pool.workers]
+        return leaves, metrics, ev, trainer.snapshot(state), pids
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_micro_batches_and_workers_change_no_number():
+    """Sequential (1 micro-batch, 1 worker) and pipelined (2 micro-batches, 2 or 4 workers)
+    runs: the same parameters, metrics and evaluation."""
+    ref, m_ref, ev_ref, snap, pids = _params_after(["flow.num_micro_batches=1", "env.num_workers=1"])
+    assert m_ref["env/episodes"] > 0  # 16 steps of an episode of 20 base steps: some fell
+    for workers in (2, 4):
+        got, m, ev, _, _ = _params_after(["flow.num_micro_batches=2", f"env.num_workers={workers}"])
+        for a, b in zip(ref, got):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert m["env/return"] == pytest.approx(m_ref["env/return"], rel=1e-6)
+        assert ev == pytest.approx(ev_ref, rel=1e-6)
+    # What a checkpoint holds to resume: each env's episode counter.
+    counters = np.asarray(snap.env_state["episode_index"])
+    assert counters.shape == (8,) and counters.sum() == m_ref["env/episodes"]  # summed over the iterations
+    # close() stopped every worker.
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_resumed_pool_starts_at_the_checkpointed_episodes():
+    trainer = build_trainer(load_config("ppo_gym_mujoco", TINY))
+    try:
+        state = trainer.init()
+        state, _ = trainer.run_iterations(state, 1)
+        snap = trainer.snapshot(state)
+        resumed = trainer.start(jax.device_get(snap))
+        np.testing.assert_array_equal(trainer.pool.arrays["episode_index"], snap.env_state["episode_index"])
+        resumed, _ = trainer.run_iterations(resumed, 1)
+    finally:
+        trainer.close()
+
+
+def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["--config-name", "ppo_gym_mujoco", *TINY, f"runner.output_dir={out}", "runner.max_steps=2",
+            "runner.eval_interval=2", "runner.save_interval=2"]
+    assert train_main(argv) == 0
+    capsys.readouterr()
+    # The saved policy evaluates in a pool of its own, closed afterwards.
+    assert evaluate_main([str(out / "ppo_gym_InvertedPendulum-v5")]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["env"] == "gym/InvertedPendulum-v5" and result["eval/return"] > 0
+    assert train_main([*argv, "env.name=InvertedPendulumm-v5", "runner.experiment_name=bad"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "InvertedPendulumm-v5" in err
