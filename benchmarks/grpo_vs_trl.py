@@ -48,6 +48,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded import warn_regressions  # noqa: E402
+
 SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
@@ -264,6 +267,7 @@ def main() -> None:
         "threads": 1,
     }
     summary["ratio"] = summary["trl"]["sec_per_step"] / summary["ours"]["sec_per_step"]
+    warn_regressions("grpo_vs_trl", summary)
     print(json.dumps(summary))
 
 

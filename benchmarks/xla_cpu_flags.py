@@ -192,9 +192,9 @@ def child(args) -> None:
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         block()
-        print(json.dumps({"s": time.perf_counter() - t}), flush=True)
+        print(json.dumps({"s": time.perf_counter() - t, "cpu_s": time.process_time() - c}), flush=True)
 
 
 # ------------------------------------------------------------------------------ parent side
@@ -236,12 +236,15 @@ def run_workload(workload: str, candidates: dict, args) -> dict:
         if not names:
             raise SystemExit(f"error: no candidate of {workload} started")
         times = {n: [] for n in names}
+        cpu = {n: [] for n in names}
         for r in range(args.rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
                 procs[name].stdin.write("run\n")
                 procs[name].stdin.flush()
-                times[name].append(_read(procs[name])["s"])
+                reply = _read(procs[name])
+                times[name].append(reply["s"])
+                cpu[name].append(reply["cpu_s"])
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -249,16 +252,20 @@ def run_workload(workload: str, candidates: dict, args) -> dict:
                 proc.wait(timeout=60)
     base = names[0]
     med = {n: statistics.median(t) for n, t in times.items()}
+    med_cpu = {n: statistics.median(t) for n, t in cpu.items()}
     out = {}
     for n in names:
         out[n] = {
             "flags": candidates[n],
             "median_s": round(med[n], 5),
             "speedup": round(med[base] / med[n], 3),
+            "median_cpu_s": round(med_cpu[n], 5),
+            "cpu_speedup": round(med_cpu[base] / med_cpu[n], 3),
             "fingerprint_rel_diff": float(f"{_diff(ready[n]['fingerprint'], ready[base]['fingerprint']):.3g}"),
             "rounds_s": [round(t, 4) for t in times[n]],
         }
         print(f"[{workload}] {n:24s} {med[n] * 1e3:8.1f} ms/block  x{out[n]['speedup']:.3f} vs {base}  "
+              f"(CPU {med_cpu[n] * 1e3:8.1f} ms, x{out[n]['cpu_speedup']:.3f})  "
               f"results rel diff {out[n]['fingerprint_rel_diff']:.2e}  ({candidates[n] or 'no flags'})", flush=True)
     return out
 
