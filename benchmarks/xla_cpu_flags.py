@@ -17,7 +17,9 @@ Workloads (the programs the benchmarks time):
 - ``lm_train``: the LM train step of ``train_step_vs_torch.py`` (32 x 128 tokens, the
   2.9M-parameter Qwen2), 2 steps per block;
 - ``sampler``: ``sampler_vs_hf.py``'s sampling (32 prompts x 64 new tokens);
-- ``sac``: one fused SAC chunk (``sac_vs_brax.py``'s ours side), 5 iterations per block.
+- ``sac``: one fused SAC chunk (``sac_vs_brax.py``'s ours side), 5 iterations per block;
+- ``matmul_f32`` / ``matmul_bf16``: four 2048 x 2048 matrix products (the machine's peak,
+  for comparison; not one of our programs).
 
 Each child also reports a fingerprint of its results from the same starting state (the
 first block's metrics or losses, the sampled tokens), compared with the baseline's: the
@@ -178,7 +180,26 @@ def _sampler(args):
     return block, fingerprint, jax
 
 
-WORKLOADS = {"ppo": _ppo, "lm_train": _lm_train, "sampler": _sampler, "sac": _sac}
+def _matmul(dtype):
+    def build(args):
+        import jax
+        import jax.numpy as jnp
+
+        a = jax.random.normal(jax.random.PRNGKey(0), (2048, 2048), dtype)
+        product = jax.jit(lambda x: x @ x)
+
+        def block():
+            for _ in range(4):
+                out = product(a)
+            return float(jnp.sum(out.astype(jnp.float32)))
+
+        return block, lambda total: {"sum": total}, jax
+
+    return build
+
+
+WORKLOADS = {"ppo": _ppo, "lm_train": _lm_train, "sampler": _sampler, "sac": _sac,
+             "matmul_f32": _matmul("float32"), "matmul_bf16": _matmul("bfloat16")}
 
 
 def child(args) -> None:

@@ -16,9 +16,12 @@ bound:
   (``compiled.cost_analysis()``) counts a loop body once, whatever its trip count; its
   figures are shown too (``xla_flops``), and its bytes-per-FLOP gives the stage's
   arithmetic intensity.
-- bound: ``compute`` when the stage reaches half the peak; ``memory`` when moving its bytes
-  at the measured bandwidth takes at least half its time; otherwise ``dispatch``: the time
-  goes to neither (per-op launch and loop overhead, kernels too small to use the cores).
+- bound: of the two floors on the stage's time, its FLOPs at the peak and its bytes at the
+  measured bandwidth, the larger one when it explains at least 40% of the time
+  (``compute`` or ``memory``); otherwise ``dispatch``: the time goes to neither (per-op
+  launch and loop overhead, kernels too small to use the cores).
+- Figures are wall clock: on a machine shared with other jobs, peaks and stages alike are
+  lower, and the shares are only as good as the load was steady.
 
 The last stdout line is one JSON object with everything.
 """
@@ -178,10 +181,9 @@ def stage(name: str, fn, args, peaks: dict, repeats: int, while_trips: int = 1) 
     bandwidth = published.get("bandwidth") or peaks["xla_bandwidth"]
     achieved = flops / seconds
     bytes_est = flops * (xla_bytes / xla_flops) if xla_flops > 0 else xla_bytes
-    if achieved >= 0.5 * peak:
-        bound = "compute"
-    elif bytes_est / bandwidth >= 0.5 * seconds:
-        bound = "memory"
+    compute_share, memory_share = achieved / peak, bytes_est / bandwidth / seconds
+    if max(compute_share, memory_share) >= 0.4:
+        bound = "compute" if compute_share >= memory_share else "memory"
     else:
         bound = "dispatch"
     return {

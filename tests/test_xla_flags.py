@@ -18,6 +18,7 @@ from rlinf_jax.runtime.xla_flags import CPU_DEFAULT_FLAGS, DEFAULT, apply_xla_cp
 # A real flag that changes nothing a test can see, so that the application is checked even
 # when the project's defaults are empty.
 PROBE = "--xla_cpu_enable_fast_min_max=false"
+YNN_DOT = "--xla_cpu_experimental_ynn_fusion_type=dot"
 
 
 def test_resolve_and_merge():
@@ -110,15 +111,18 @@ def test_cpu_default_flags_compute_what_plain_xla_computes(tmp_path, tiny):
     """The project's defaults against no flags: an LM train step's losses and a PPO run's
     metrics agree to float tolerance (each in its own process)."""
     prepare = "from rlinf_jax.api import prepare_jax; prepare_jax(None, {})\n"
+    # The defaults, and the dot fusion the CPU benchmark tried first, against plain XLA.
     lm = {s: json.loads(_python(prepare.format([f"runner.xla_cpu_flags={s}"]) + LM_STEP, XLA_FLAGS=""))
-          for s in (DEFAULT, "")}
-    np.testing.assert_allclose(lm[DEFAULT], lm[""], rtol=1e-4)
+          for s in (DEFAULT, YNN_DOT, "")}
+    np.testing.assert_allclose(lm[DEFAULT], lm[""], rtol=1e-5)
+    np.testing.assert_allclose(lm[YNN_DOT], lm[""], rtol=1e-5)
 
     base = [*tiny, "runner.max_steps=3", "runner.log_interval=1", "runner.eval_interval=0", "runner.save_interval=0",
             "runner.tensorboard=false"]
     metrics = {}
     for name, setting in (("default", DEFAULT), ("plain", "")):
-        proc = run_cli([*base, f"runner.experiment_name={name}", f"runner.xla_cpu_flags={setting}"],
+        # '' on the command line: a bare `key=` is YAML's null.
+        proc = run_cli([*base, f"runner.experiment_name={name}", f"runner.xla_cpu_flags='{setting}'"],
                        env_extra={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         flags = json.loads((tmp_path / name / "placement.json").read_text())["xla_flags"]
