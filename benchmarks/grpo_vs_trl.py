@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
+from recorded import warn_regressions
 
 
 # ----------------------------------------------------------------------------- TRL's side
@@ -126,6 +127,7 @@ def main() -> None:
         prompts = make_prompts(work, 512)
         results = run_rounds({"ours": sys.executable, "trl": sys.executable}, args, model, prompts, work, __file__)
     summary = summarise(results, args, "trl")
+    warn_regressions("grpo_vs_trl", summary)
     print(json.dumps(summary))
 
 

@@ -45,6 +45,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded import warn_regressions  # noqa: E402
+
 MLP_WORKLOAD = [
     "env.suite=brax",
     "env.name=inverted_pendulum",
@@ -240,6 +243,7 @@ def main(argv=None, name: str = "placement_modes") -> int:
         "devices": results,
         "ratio": min(r["ratio"] for r in results.values()),
     }
+    warn_regressions(name, summary)
     print(json.dumps(summary))
     return 0
 

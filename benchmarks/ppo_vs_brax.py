@@ -128,6 +128,7 @@ from brax_common import (  # noqa: E402
     run_sides,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
+from recorded import warn_regressions  # noqa: E402
 
 # --------------------------------------------------------------------------- defaults
 # Per-env defaults; every entry can be overridden on the command line.
@@ -546,6 +547,7 @@ def main(argv=None) -> int:
             f"(median-epoch ratio {out['ratio_median_epoch']}) | time_to_threshold_ratio (ours/brax, lower "
             f"is better): {out['time_to_threshold_ratio']} | compile_ratio (ours/brax): {out['compile_ratio']}"
         )
+    warn_regressions("ppo_vs_brax", out)
     print(json.dumps(out), flush=True)
     return 0
 

@@ -73,6 +73,7 @@ from brax_common import (  # noqa: E402
     run_sides,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
+from recorded import warn_regressions  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -253,6 +254,7 @@ def main(argv=None) -> int:
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
         "ratio": ratio("steady_steps_per_sec"),
     }
+    warn_regressions("sac_vs_brax", out)
     print(json.dumps(out))
     return 0
 

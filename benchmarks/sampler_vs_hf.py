@@ -32,6 +32,7 @@ os.environ["XLA_FLAGS"] = (
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 
@@ -43,9 +44,12 @@ torch.set_num_interop_threads(1)
 
 import jax
 
-from rlinf_jax.policies import from_pretrained
+from rlinf_jax.policies.lm import from_pretrained
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded import warn_regressions  # noqa: E402
 
 MODEL = {
     "hidden_size": 256,
@@ -142,6 +146,7 @@ def main(argv=None) -> None:
         "ours_tokens_per_s": round(ours_tps, 1),
         "ratio": round(ours_tps / hf_tps, 3),
     }
+    warn_regressions("sampler_vs_hf", result)
     print(json.dumps(result))
 
 

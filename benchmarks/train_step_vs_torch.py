@@ -70,6 +70,7 @@ if __name__ == "__main__":
 # it also sets torch to one thread. Its MODEL is the model we train.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler_vs_hf import MODEL  # isort: skip
+from recorded import warn_regressions  # isort: skip
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +79,7 @@ import optax
 import torch
 from flax import nnx
 
-from rlinf_jax.policies import from_pretrained
+from rlinf_jax.policies.lm import from_pretrained
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 
 ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
@@ -228,6 +229,7 @@ def main(argv=None) -> None:
         "ours_cpu_s_per_step": round(med(jax_cpu), 5),
         "cpu_ratio": round(med(torch_cpu) / med(jax_cpu), 3),
     }
+    warn_regressions("train_step_vs_torch", result)
     print(json.dumps(result))
 
 

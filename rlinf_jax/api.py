@@ -67,11 +67,34 @@ def load_config(name: str = "ppo_brax", overrides: Sequence[str] | dict = (), co
     """The checked config of a recipe with ``overrides`` (``["key=value", ...]`` as on the
     command line, or a ``{"key": value}`` dict). A key the recipe's task would ignore is an
     error, as on the command line; keys a base recipe set that the task ignores are named
-    in one warning on stderr."""
+    in one warning on stderr. The first config loaded in a process also sets the XLA CPU
+    flags JAX starts with (``runner.xla_cpu_flags``)."""
+    overrides = _override_list(overrides)
+    prepare_jax(name, overrides, config_dir)
     from rlinf_jax.tasks.registry import load_run_config
 
-    return load_run_config(name, _override_list(overrides), config_dir,
-                           warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    return load_run_config(name, overrides, config_dir, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+
+
+def prepare_jax(name: str | None = None, overrides: Sequence[str] = (), config_dir=None) -> None:
+    """Puts the run's ``runner.xla_cpu_flags`` (the recipe ``name`` with ``overrides``; with
+    no recipe, the overrides alone over the defaults) into XLA_FLAGS, before anything that
+    starts JAX's backend is imported: the tasks' imports do."""
+    from rlinf_jax.config.loader import compose
+    from rlinf_jax.runtime.xla_flags import DEFAULT, apply_xla_cpu_flags
+
+    setting = DEFAULT
+    if name is not None:
+        try:
+            setting = compose(name, overrides, config_dir)[0].runner.xla_cpu_flags
+        except BadInput:
+            return  # the full load that follows reports it
+    else:
+        for item in overrides:
+            key, _, value = item.partition("=")
+            if key.strip() == "runner.xla_cpu_flags":
+                setting = value.strip().strip("'\"")
+    apply_xla_cpu_flags(setting)
 
 
 def _override_list(overrides) -> list[str]:
@@ -192,6 +215,10 @@ def train(cfg: Config | str, overrides: Sequence[str] | dict = (), console=None)
         cfg = load_config(cfg, overrides)
     elif overrides:
         raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
+    else:
+        from rlinf_jax.runtime.xla_flags import apply_xla_cpu_flags
+
+        apply_xla_cpu_flags(cfg.runner.xla_cpu_flags)
     summary = task_of(cfg).run(cfg, console=console if console is not None else Console())
     run_dir = Path(summary.run_dir)
     metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else Metrics()
@@ -233,6 +260,7 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=No
     if not path.exists():
         raise BadInput(f"{path}: no such path; give a run folder, a checkpoint or a model directory")
     overrides = _override_list(overrides)
+    prepare_jax(None, overrides)
     cfg = _saved_config(path, overrides)
     if cfg is None or _is_lm(cfg):
         if strip is not None:

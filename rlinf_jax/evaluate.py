@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 
-from rlinf_jax.api import make_callable
+from rlinf_jax.api import make_callable, prepare_jax
 
 
 def _parse_args(argv):
@@ -52,6 +52,10 @@ def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     # Deferred until the arguments are parsed, so that `--help` answers before JAX loads.
     from rlinf_jax.errors import BadInput
+
+    # Before the tasks' imports start JAX's backend (the saved run's own setting is not
+    # known yet: the default, or runner.xla_cpu_flags=... among the overrides).
+    prepare_jax(None, args.overrides)
     from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
     from rlinf_jax.tasks.saved import evaluate_run
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlinf_jax.api import make_callable
+from rlinf_jax.api import make_callable, prepare_jax
 
 
 def _parse_args(argv):
@@ -36,6 +36,9 @@ def main(argv=None) -> int:
 
     console = Console(stderr=False)
     try:
+        if not (args.list_recipes or args.list_envs):
+            # Before the tasks' imports start JAX's backend: XLA reads its flags then.
+            prepare_jax(args.config_name, args.overrides)
         from rlinf_jax.config import list_recipes
         from rlinf_jax.envs import list_envs
         from rlinf_jax.flow.host_loop import TrainingDiverged

@@ -4,7 +4,7 @@ an import cycle, and imports sit at the top of their module.
 
 The floors, top to bottom (docs/architecture.md):
 
-    launch -> train / evaluate / convert / collect -> api -> tasks -> flow -> rollout
+    launch -> train / evaluate / convert / collect / profile -> api -> tasks -> flow -> rollout
       -> envs, policies, runtime -> config -> algos, data, rewards, sharding, replay -> errors
 """
 
@@ -36,13 +36,14 @@ FLOORS = {
     "evaluate": 8,
     "convert": 8,
     "collect": 8,
+    "profile": 8,
     "launch": 9,
 }
 # Sub-packages of tasks are workloads: one may build on another (sft on embodied for the
 # VLA, reasoning on sft for its warm start), never in a circle.
 SIBLINGS_ALLOWED = {"tasks"}
 # Command-line entry points may defer their imports so that `--help` answers before JAX loads.
-DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "launch"}
+DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "profile", "launch"}
 # Third-party packages that may be imported inside a function: optional, or heavy and
 # needed on one path only (each such import carries a comment saying which).
 OPTIONAL = {

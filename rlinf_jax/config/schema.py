@@ -45,6 +45,11 @@ class RunnerConfig:
     # JAX's persistent compilation cache: a rerun or a resume loads its compiled programs
     # instead of compiling them again. "" turns it off.
     compilation_cache: str = "~/.cache/rlinf_jax/jax"
+    # XLA flags for JAX's CPU backend, added to XLA_FLAGS before JAX starts when the run is
+    # on the CPU (a flag XLA_FLAGS already sets is left as the user set it). "default": the
+    # project's defaults for CPUs (rlinf_jax.runtime.xla_flags.CPU_DEFAULT_FLAGS); "" none;
+    # any other value: those flags.
+    xla_cpu_flags: str = "default"
 
 
 @dataclass

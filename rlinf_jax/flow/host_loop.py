@@ -22,6 +22,7 @@ metric is the headline, what placement.json says. Ctrl-C propagates as
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +191,8 @@ class HostLoop:
     def write_placement(self, metrics: dict | None = None) -> None:
         info = self.placement_info(metrics)
         if info is not None and self.primary:
+            # The XLA flags the process started with (runner.xla_cpu_flags adds to them).
+            info = {**info, "xla_flags": os.environ.get("XLA_FLAGS", "")}
             write_atomic(self.run_dir.path / "placement.json", json.dumps(info, indent=2) + "\n")
 
     def evaluate(self, state, step: int) -> dict:
