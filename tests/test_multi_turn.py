@@ -13,7 +13,9 @@ from rlinf_jax.agents import StepResult
 from rlinf_jax.data.char_tokenizer import CharTokenizer
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.model import CausalLM
-from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits, assemble
+from rlinf_jax.algos import kl_penalty, ppo_policy_loss
+from rlinf_jax.policies.lm.logprobs import policy_logprobs
+from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits, assemble, episode_metrics
 from rlinf_jax.rollout.sampler import Sampler
 
 TOK = CharTokenizer()
@@ -138,3 +140,37 @@ def test_kv_reuse_equals_re_prefilling_the_whole_conversation():
         # Observation tokens are the environment's text, never the model's.
         obs_tokens = ep.tokens[b][(ep.valid[b] == 1) & (ep.loss_mask[b] == 0)]
         assert TOK.decode(obs_tokens.tolist()) == "".join(TOK.decode(o) for o in obs)
+
+    # The trainer's view of the same episodes: the prompt left-padded, the response read
+    # whole (observations included) and scored on the model's tokens only.
+    P = max(map(len, prompts))
+    prompt_ids = np.zeros((len(prompts), P), np.int32)
+    prompt_mask = np.zeros((len(prompts), P), np.int32)
+    for b, p in enumerate(prompts):
+        prompt_ids[b, P - len(p):], prompt_mask[b, P - len(p):] = p, 1
+    batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "tokens": ep.tokens,
+             "response_mask": ep.loss_mask, "response_valid": ep.valid}
+    logp, _ = policy_logprobs(model, batch)
+    m = ep.loss_mask > 0
+    np.testing.assert_allclose(np.asarray(logp)[m], ep.logprobs[m], atol=2e-4)
+
+    # Observation tokens weigh nothing in the policy loss or the KL: any advantage, log-prob
+    # or reference there leaves both unchanged.
+    rng = np.random.default_rng(0)
+    adv = rng.normal(size=ep.tokens.shape).astype(np.float32)
+    ref_lp = np.asarray(logp) + rng.normal(size=ep.tokens.shape).astype(np.float32) * 0.1
+    obs = (ep.valid > 0) & ~m
+    assert obs.any()
+    adv2, logp2, ref2 = adv.copy(), np.asarray(logp).copy(), ref_lp.copy()
+    adv2[obs], logp2[obs], ref2[obs] = 100.0, 5.0, -7.0
+    loss1, _ = ppo_policy_loss(jnp.asarray(logp), jnp.asarray(logp) - 0.05, adv, ep.loss_mask, 0.2, 0.2)
+    loss2, _ = ppo_policy_loss(jnp.asarray(logp2), jnp.asarray(logp2) - 0.05, adv2, ep.loss_mask, 0.2, 0.2)
+    np.testing.assert_allclose(loss1, loss2, rtol=1e-6)
+    kl1 = np.asarray(kl_penalty(jnp.asarray(logp), ref_lp, "low_var_kl"))[m]
+    kl2 = np.asarray(kl_penalty(jnp.asarray(logp2), ref2, "low_var_kl"))[m]
+    np.testing.assert_allclose(kl1, kl2)
+
+    stats = episode_metrics(ep)
+    assert stats["agent/turns"] == pytest.approx(ep.num_turns.mean())
+    assert stats["agent/tokens_generated"] == pytest.approx(ep.loss_mask.sum() / len(rows))
+    assert stats["agent/tokens_observed"] == pytest.approx(sum(len(o) for _, obs, _ in ref for o in obs) / len(rows))

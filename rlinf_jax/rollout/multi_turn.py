@@ -351,3 +351,26 @@ def _left_pad(seqs, width: int, pad_id: int):
             ids[r, width - len(s) :] = s
             mask[r, width - len(s) :] = True
     return ids, mask
+
+
+def episode_metrics(ep: Episodes, prefix: str = "agent") -> dict:
+    """Per-episode means: turns, tool calls, tool errors (raised, unknown tool, timed out),
+    format errors (malformed calls), truncated episodes, model tokens generated and
+    observation tokens read."""
+    n = max(len(ep.infos), 1)
+
+    def count(key):
+        return sum(bool(i.get(key)) for infos in ep.infos for i in infos) / n
+
+    generated = ep.loss_mask.sum(axis=1)
+    observed = ep.valid.sum(axis=1) - generated
+    return {
+        f"{prefix}/turns": float(ep.num_turns.mean()),
+        f"{prefix}/tool_calls": count("tool_call"),
+        f"{prefix}/tool_errors": count("tool_error"),
+        f"{prefix}/tool_timeouts": count("timeout"),
+        f"{prefix}/format_errors": count("format_error"),
+        f"{prefix}/truncated": float(ep.truncated.mean()),
+        f"{prefix}/tokens_generated": float(generated.mean()),
+        f"{prefix}/tokens_observed": float(observed.mean()),
+    }
