@@ -16,7 +16,7 @@ class AgentConfig:
     enabled: bool = False
     # Tools the model may call (<tool>name: arguments</tool>); empty = no tools (a call is an
     # error observation), the control for "does the tool help".
-    tools: list = field(default_factory=lambda: ["calculator"])
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
     # The search tool's collection: a folder of .txt/.md files or a .jsonl with "text".
     search_documents: str = ""
     search_top_k: int = 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlinf_jax.agents.calculator import calculator
+from rlinf_jax.agents.search import SearchTool
 from rlinf_jax.agents.syntax import ToolCall
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rewards.pool import CheckerPool, call_with_timeout
@@ -143,3 +144,16 @@ class ToolExecutor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def executor_from_config(cfg) -> ToolExecutor:
+    """The tool executor an ``agent:`` section (`AgentConfig`) describes; ``tools: []`` gives an
+    executor whose every call is an unknown-tool error (the no-tool control)."""
+    from_names = {"calculator": calculator_tool}
+    tools = []
+    for name in cfg.tools:
+        if name == "search":
+            tools.append(search_tool(SearchTool.from_path(cfg.search_documents, cfg.search_top_k)))
+        else:
+            tools.append(from_names[name]())
+    return ToolExecutor(ToolBox(tools), cfg.num_workers, cfg.tool_timeout_s)

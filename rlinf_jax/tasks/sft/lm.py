@@ -146,7 +146,8 @@ class SFTTrainer(LMTrainer):
     def next_batch(self) -> dict:
         b = next(self.loader)
         prompt_ids, prompt_mask = self.lm.encoder(b.prompts, b.ids)
-        targets = [boxed_response(a) for a in b.answers]
+        # A record's own target (a tool-use transcript, rlinf_jax.data.tool_tasks) when it has one.
+        targets = [r.get("target") or boxed_response(a) for r, a in zip(b.records, b.answers)]
         tokens, mask = encode_targets(self.tokenizer, targets, self.cfg.rollout.max_new_tokens)
         batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "tokens": tokens, "response_mask": mask}
         return place_rows(batch, self.mesh, self.micro)
