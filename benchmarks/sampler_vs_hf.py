@@ -43,7 +43,7 @@ torch.set_num_interop_threads(1)
 
 import jax
 
-from rlinf_jax.policies import from_pretrained
+from rlinf_jax.policies.lm import from_pretrained
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 

@@ -15,7 +15,7 @@ TINY = [
     "data.train_levels=[1]", "data.eval_levels=[1]", "data.eval_size=16", "rollout.eval_batch_size=16",
     "runner.progress_bar=false", "runner.tensorboard=false", "runner.log_interval=1",
     "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.global_batch_size=8", "actor.micro_batch_size=8",
-    "agent.max_turns=2", "agent.max_turn_tokens=24", "agent.max_episode_tokens=64",
+    "agent.max_turns=2", "agent.max_turn_tokens=32", "agent.max_episode_tokens=80",
     "sft.warm_start_steps=80", "sft.lr=3e-3", "sft.batch_size=32", "sft.train_levels=[1]",
     "actor.optim.lr_schedule=constant",
 ]

@@ -140,3 +140,27 @@ def test_agent_config_checks():
                 dict(tool_timeout_s=0)]:
         with pytest.raises(BadInput):
             AgentConfig(**bad).validate()
+
+
+def test_tool_task_transcripts_solve_their_problems_and_splits_are_disjoint():
+    import re
+
+    from rlinf_jax.data.tool_tasks import ToolTaskDataset
+
+    train = ToolTaskDataset(400, (1, 2, 3), "train", seed=3)
+    held = ToolTaskDataset(100, (1, 2, 3), "heldout", seed=3)
+    assert {r["prompt"] for r in train} & {r["prompt"] for r in held} == set()
+    assert {r["level"] for r in train} == {1, 2, 3}
+    with ToolExecutor(ToolBox([calculator_tool()]), num_workers=0) as ex:
+        for rec in [*train[:60], *held[:20]]:
+            # Replaying the transcript through the environment: every call's result is the
+            # calculator's, and the final answer scores 1.
+            env = ToolEnv(ex, max_turns=3)
+            env.reset(rec)
+            turns = re.split(r"(?<=</tool>)<result>[^<]*</result>", rec["target"])
+            results = re.findall(r"<result>([^<]*)</result>", rec["target"])
+            for turn, expected in zip(turns, results):
+                assert env.step(turn).observation == f"<result>{expected}</result>"
+            final = env.step(turns[-1])
+            assert final.done and final.reward == 1.0, rec
+    assert "target" not in ToolTaskDataset(5, (1,), transcripts=False)[0]

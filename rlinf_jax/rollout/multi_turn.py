@@ -216,6 +216,10 @@ def _turn(
 
 
 
+_turn_uniforms = jax.jit(_uniforms, static_argnames=("steps",))
+
+
+@jax.jit
 def _gather(tree, idx):
     return jax.tree.map(lambda x: x[idx], tree)
 
@@ -288,7 +292,7 @@ class MultiTurnRollout:
                 [min(lim.max_turn_tokens, lim.max_episode_tokens - state[b].used) for b in members], np.int32
             )
             col = P + t * (N + O)
-            uniforms = _uniforms(jax.random.fold_in(key, t), jnp.asarray(sample_ids[members], jnp.uint32), N)
+            uniforms = _turn_uniforms(jax.random.fold_in(key, t), jnp.asarray(sample_ids[members], jnp.uint32), steps=N)
             tokens, logps, lengths, cache, key_mask = _turn(
                 graphdef, params, cache, key_mask, logits, np.int32(col), live, limits, uniforms, temp, top_p,
                 self.stop_seq, np.int32(self.eos), **static,
