@@ -174,3 +174,17 @@ def test_kv_reuse_equals_re_prefilling_the_whole_conversation():
     assert stats["agent/turns"] == pytest.approx(ep.num_turns.mean())
     assert stats["agent/tokens_generated"] == pytest.approx(ep.loss_mask.sum() / len(rows))
     assert stats["agent/tokens_observed"] == pytest.approx(sum(len(o) for _, obs, _ in ref for o in obs) / len(rows))
+
+
+def test_sft_transcripts_mask_the_tool_results():
+    from rlinf_jax.rollout.lm_io import encode_transcripts
+
+    text = "<tool>calculator: 2*3</tool><result>6</result><tool>x</tool><error>bad</error>\\boxed{6}"
+    ids, loss, valid = encode_transcripts(TOK, [text, "\\boxed{1}"], 96)
+    scored = TOK.decode(ids[0][loss[0] > 0].tolist())
+    read_only = TOK.decode(ids[0][(valid[0] > 0) & (loss[0] == 0)].tolist())
+    assert scored == "<tool>calculator: 2*3</tool><tool>x</tool>\\boxed{6}<eos>"
+    assert read_only == "<result>6</result><error>bad</error>"
+    assert TOK.decode(ids[1][loss[1] > 0].tolist()) == "\\boxed{1}<eos>" and (loss[1] == valid[1]).all()
+    with pytest.raises(Exception, match="max_new_tokens"):
+        encode_transcripts(TOK, [text], 20)
