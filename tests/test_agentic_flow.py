@@ -4,6 +4,8 @@ layout, per-turn statistics in the metrics, and bad agent settings at the comman
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlinf_jax.runtime import read_metrics
@@ -47,6 +49,15 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
     # The warm start learnt the call syntax: tools are called and their results read.
     assert max(r["rollout/agent/tool_calls"] for r in full[1:]) > 0
     assert max(r["rollout/agent/tokens_observed"] for r in full[1:]) > 0
+    # The evaluation CLI scores the run's checkpoint on whole episodes, as the run's own evaluation did.
+    from rlinf_jax.evaluate import main as evaluate
+
+    out = tmp_path / "eval.json"
+    assert evaluate(["--checkpoint", str(tmp_path / "full"), "--out", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["accuracy"] == pytest.approx(last["eval/accuracy"])
+    assert report["agent/turns"] == pytest.approx(last["eval/agent/turns"])
+    assert report["agent/tool_calls"] == pytest.approx(last["eval/agent/tool_calls"])
 
 
 @pytest.mark.slow
