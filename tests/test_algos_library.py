@@ -581,3 +581,27 @@ def test_gradients_are_finite_with_garbage_padding():
     g = jax.grad(lambda p: ppo_policy_loss(p, old, adv, mask, dual_clip=3.0)[0])(lp.astype(np.float32))
     assert np.all(np.isfinite(np.asarray(g)))
     assert np.all(np.asarray(g)[mask == 0] == 0)
+
+
+def test_grpo_dynamic_hand_example():
+    from rlinf_jax.algos import grpo_dynamic, turn_token_advantages
+
+    # One prompt, two episodes: episode 0 has 2 turns (rewards 1, 1), episode 1 has 1 turn (reward 0).
+    r = np.array([[1.0, 1.0], [0.0, 0.0]])
+    v = np.array([[True, True], [True, False]])
+    # trajectory: episode rewards 1, 0 -> mean 0.5, unbiased std sqrt(0.5) -> +-0.5/0.7071
+    traj = np.asarray(grpo_dynamic(r, v, 2, "trajectory"))
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    np.testing.assert_allclose(traj, [[a, a], [-a, 0.0]], rtol=1e-6)
+    # turn: values 1, 1, 0 -> mean 2/3, unbiased std sqrt((1/9 + 1/9 + 4/9) / 2) = sqrt(1/3)
+    turn = np.asarray(grpo_dynamic(r, v, 2, "turn"))
+    s = math.sqrt(1 / 3) + 1e-6
+    np.testing.assert_allclose(turn, [[(1 / 3) / s, (1 / 3) / s], [(-2 / 3) / s, 0.0]], rtol=1e-6)
+    # Equal rewards in a group: exact zeros.
+    assert not np.asarray(grpo_dynamic(np.ones((2, 2)), np.ones((2, 2), bool), 2, "turn")).any()
+    # Spread over tokens: model tokens of each turn get the turn's value, observations and padding 0.
+    turn_ids = np.array([[0, 0, 0, 1, 1, -1], [0, 0, -1, -1, -1, -1]])
+    loss = np.array([[1, 1, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+    tok = np.asarray(turn_token_advantages(jnp.asarray(turn), turn_ids, loss))
+    np.testing.assert_allclose(tok[0], [turn[0, 0], turn[0, 0], 0, turn[0, 1], turn[0, 1], 0], rtol=1e-6)
+    np.testing.assert_allclose(tok[1], [turn[1, 0], turn[1, 0], 0, 0, 0, 0], rtol=1e-6)

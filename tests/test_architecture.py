@@ -5,7 +5,7 @@ an import cycle, and imports sit at the top of their module.
 The floors, top to bottom (docs/architecture.md):
 
     launch -> train / evaluate / convert / collect / profile -> api -> tasks -> flow -> rollout
-      -> envs, policies, runtime -> config -> algos, data, rewards, sharding, replay -> errors
+      -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay -> errors
 """
 
 from __future__ import annotations
@@ -24,20 +24,21 @@ FLOORS = {
     "data": 1,
     "rewards": 1,
     "sharding": 1,
-    "config": 2,
-    "envs": 3,
-    "policies": 3,
-    "runtime": 3,
-    "rollout": 4,
-    "flow": 5,
-    "tasks": 6,
-    "api": 7,
-    "train": 8,
-    "evaluate": 8,
-    "convert": 8,
-    "collect": 8,
-    "profile": 8,
-    "launch": 9,
+    "agents": 2,
+    "config": 3,
+    "envs": 4,
+    "policies": 4,
+    "runtime": 4,
+    "rollout": 5,
+    "flow": 6,
+    "tasks": 7,
+    "api": 8,
+    "train": 9,
+    "evaluate": 9,
+    "convert": 9,
+    "collect": 9,
+    "profile": 9,
+    "launch": 10,
 }
 # Sub-packages of tasks are workloads: one may build on another (sft on embodied for the
 # VLA, reasoning on sft for its warm start), never in a circle.
@@ -48,7 +49,7 @@ DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "pro
 # needed on one path only (each such import carries a comment saying which).
 OPTIONAL = {
     "brax", "mujoco_playground", "torch", "transformers", "ray", "reasoning_gym", "math_verify",
-    "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium",
+    "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium", "bm25s",
 }
 # Scripts run as worker processes under any interpreter (env.worker_python): the standard
 # library, numpy and the simulator only; never JAX, never the package itself.
@@ -182,6 +183,6 @@ def test_the_engine_knows_no_workload(package):
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
         for name, path, line, target, _ in _edges()
         if name.startswith(f"rlinf_jax.{package}")
-        and target.split(".")[1:2] in (["envs"], ["policies"], ["algos"], ["tasks"], ["rewards"], ["data"])
+        and target.split(".")[1:2] in (["envs"], ["policies"], ["algos"], ["tasks"], ["rewards"], ["data"], ["agents"])
     ]
     assert not bad, "\n".join(bad)

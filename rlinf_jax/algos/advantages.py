@@ -179,3 +179,48 @@ def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8, 
     if token_penalty is not None:
         r = r + jnp.where(valid, jnp.asarray(token_penalty, jnp.float32), 0.0)
     return reinforce_pp(r, m, gamma=gamma, eps=eps)
+
+
+def grpo_dynamic(turn_rewards, turn_valid, group_size, mode="turn", eps=1e-6):
+    """Multi-turn GRPO (RLinf's ``grpo_dynamic``): one advantage per turn, ``[B, T]``.
+
+    ``turn_rewards [B, T]`` (turn t of episode b; RLinf gives every turn its episode's
+    reward), ``turn_valid [B, T]`` (the episode has that turn); episodes come in groups of
+    ``group_size`` consecutive rows (one prompt's samples).
+
+    - ``"trajectory"``: an episode's reward is the mean of its turns' rewards; GRPO over the
+      group's episodes (unbiased std); every turn of an episode gets its episode's value.
+    - ``"turn"``: GRPO over all the turns of the group's episodes together, so an episode
+      with more turns weighs more in the group's mean and std.
+
+    A group whose values are all equal (or that has a single value) gets exact zeros, as
+    `grpo` does. Turns that do not exist get 0.
+    """
+    if mode not in ("trajectory", "turn"):
+        raise ValueError(f"grpo_dynamic mode {mode!r} must be 'trajectory' or 'turn'")
+    r = jnp.asarray(turn_rewards, jnp.float32)
+    v = jnp.asarray(turn_valid, bool)
+    B, T = r.shape
+    if B % int(group_size):
+        raise ValueError(f"{B} episodes do not split into groups of {group_size}")
+    if mode == "trajectory":
+        n = jnp.maximum(jnp.sum(v, axis=1), 1)
+        per_episode = jnp.sum(jnp.where(v, r, 0.0), axis=1) / n
+        return jnp.where(v, grpo(per_episode, group_size, eps)[:, None], 0.0)
+    g = r.reshape(-1, group_size * T)
+    gv = v.reshape(-1, group_size * T)
+    n = jnp.sum(gv, axis=1, keepdims=True)
+    mean = jnp.sum(jnp.where(gv, g, 0.0), axis=1, keepdims=True) / jnp.maximum(n, 1)
+    centred = jnp.where(gv, g - mean, 0.0)
+    std = jnp.sqrt(jnp.sum(jnp.square(centred), axis=1, keepdims=True) / jnp.maximum(n - 1, 1))
+    big, small = jnp.max(jnp.where(gv, g, -jnp.inf), axis=1, keepdims=True), jnp.min(jnp.where(gv, g, jnp.inf), axis=1, keepdims=True)
+    adv = jnp.where((big == small) | (n < 2), 0.0, centred / (std + eps))
+    return jnp.where(gv, adv, 0.0).reshape(B, T)
+
+
+def turn_token_advantages(turn_advantages, turn_ids, loss_mask):
+    """Per-turn advantages ``[B, T]`` spread over each turn's tokens ``[B, W]`` (turn ids
+    ``-1`` on padding), zero where ``loss_mask`` is 0 (prompt, observations, padding)."""
+    idx = jnp.clip(turn_ids, 0, turn_advantages.shape[1] - 1)
+    adv = jnp.take_along_axis(turn_advantages, idx, axis=1)
+    return jnp.where((loss_mask > 0) & (turn_ids >= 0), adv, 0.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlinf_jax.agents.config import AgentConfig
 from rlinf_jax.data.config import DataConfig
 from rlinf_jax.rewards.config import RewardConfig
 
@@ -328,3 +329,4 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from rlinf_jax.data.math_tasks import check_levels
 from rlinf_jax.data.templates import template_text
+from rlinf_jax.data.tool_tasks import check_tool_levels
 from rlinf_jax.errors import BadInput
 
-SOURCES = ("procedural", "files", "reasoning_gym")
+SOURCES = ("procedural", "files", "reasoning_gym", "tool_calc")
 
 
 @dataclass
@@ -27,7 +28,10 @@ class DataConfig:
     train_levels: list[int] = field(default_factory=lambda: [1])
     eval_levels: list[int] = field(default_factory=lambda: [1])
     heldout_fraction: float = 0.2
-    # source=procedural and reasoning_gym: dataset sizes.
+    # source=tool_calc: SFT targets are tool-use transcripts (true) or the bare \boxed{answer}
+    # (false: the no-tool control). Its levels are rlinf_jax.data.tool_tasks.TOOL_LEVELS.
+    sft_tool_transcripts: bool = True
+    # source=procedural, tool_calc and reasoning_gym: dataset sizes.
     train_size: int = 10_000
     eval_size: int = 200
     reasoning_gym_task: str = ""
@@ -58,6 +62,9 @@ class DataConfig:
         if self.source == "procedural":
             check_levels(self.train_levels)
             check_levels(self.eval_levels)
+        if self.source == "tool_calc":
+            check_tool_levels(self.train_levels)
+            check_tool_levels(self.eval_levels)
         if not 0.0 < self.heldout_fraction < 1.0:
             raise BadInput(f"data.heldout_fraction={self.heldout_fraction} must lie strictly between 0 and 1")
         for name in ("train_size", "eval_size"):

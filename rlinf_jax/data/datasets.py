@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlinf_jax.data.math_tasks import ProceduralMathDataset
+from rlinf_jax.data.tool_tasks import ToolTaskDataset
 from rlinf_jax.errors import BadInput
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -234,6 +235,12 @@ def build_datasets(cfg):
         train = ProceduralMathDataset(cfg.train_size, cfg.train_levels, "train", cfg.seed, cfg.heldout_fraction)
         ev = ProceduralMathDataset(cfg.eval_size, cfg.eval_levels, "heldout", cfg.seed, cfg.heldout_fraction)
         return train, ev
+    if cfg.source == "tool_calc":
+        kw = {"seed": cfg.seed, "heldout_fraction": cfg.heldout_fraction, "transcripts": cfg.sft_tool_transcripts}
+        return (
+            ToolTaskDataset(cfg.train_size, cfg.train_levels, "train", **kw),
+            ToolTaskDataset(cfg.eval_size, cfg.eval_levels, "heldout", **kw),
+        )
     if cfg.source == "reasoning_gym":
         # Eval items come from a seed stream of their own (seed offset by a large odd constant).
         return (

@@ -8,8 +8,12 @@ bucket width, the response right-padded to ``rollout.max_new_tokens`` with a mas
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from flax import nnx
+
+from rlinf_jax.agents.syntax import ERROR_CLOSE, ERROR_OPEN, RESULT_CLOSE, RESULT_OPEN
 
 from rlinf_jax.data import DataConfig, PromptTemplate
 from rlinf_jax.errors import BadInput
@@ -95,6 +99,42 @@ def encode_targets(tokenizer, targets, width: int) -> tuple[np.ndarray, np.ndarr
         ids[r, : len(toks)] = toks
         mask[r, : len(toks)] = 1
     return ids, mask
+
+
+_OBSERVATION = re.compile(
+    f"({re.escape(RESULT_OPEN)}.*?{re.escape(RESULT_CLOSE)}|{re.escape(ERROR_OPEN)}.*?{re.escape(ERROR_CLOSE)})", re.S
+)
+
+
+def encode_transcripts(tokenizer, targets, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tool-use transcripts (model text with ``<result>...</result>`` / ``<error>...</error>``
+    observations inside) + end token, right-padded to ``width``: ``(ids, loss mask, valid)``.
+
+    Each model part and each observation is tokenised on its own, as the multi-turn rollout
+    does; the loss mask is 0 on observations (the environment writes them, the model only
+    reads them), as in the RL loss.
+    """
+    eos, pad = stop_tokens(tokenizer)[0], pad_id(tokenizer)
+    ids = np.full((len(targets), width), pad, np.int32)
+    loss = np.zeros((len(targets), width), np.int32)
+    valid = np.zeros((len(targets), width), np.int32)
+    for r, t in enumerate(targets):
+        toks, mask = [], []
+        for k, part in enumerate(_OBSERVATION.split(t)):
+            piece = list(tokenizer.encode(part, add_special_tokens=False)) if part else []
+            toks += piece
+            mask += [k % 2 == 0] * len(piece)  # split() alternates text, observation, text, ...
+        toks.append(eos)
+        mask.append(True)
+        if len(toks) > width:
+            raise BadInput(
+                f"the SFT transcript {t[:60]!r}... takes {len(toks)} tokens with its end token, more than "
+                f"rollout.max_new_tokens={width}; raise rollout.max_new_tokens"
+            )
+        ids[r, : len(toks)] = toks
+        loss[r, : len(toks)] = mask
+        valid[r, : len(toks)] = 1
+    return ids, loss, valid
 
 
 def decode_responses(tokenizer, tokens, mask) -> list[str]:

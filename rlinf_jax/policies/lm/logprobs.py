@@ -42,16 +42,23 @@ def token_logprobs(logits, tokens, temperature: float = 1.0):
     return logp, entropy
 
 
+def attended(batch: dict):
+    """The response tokens the model reads: ``response_valid`` when the batch has it (a
+    multi-turn episode, whose observations are read but not scored: ``response_mask`` is
+    then the loss mask), else ``response_mask``."""
+    return batch.get("response_valid", batch["response_mask"])
+
+
 def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0):
     """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``."""
-    h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["response_mask"])
+    h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch))
     return token_logprobs(model.logits(h), batch["tokens"], temperature)
 
 
 def values_of(value_model: ValueModel, batch: dict):
     """V before each response token, ``[B, N]`` (float32)."""
     h = response_hidden(
-        value_model.trunk, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], batch["response_mask"]
+        value_model.trunk, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch)
     )
     return value_model.head(h)
 

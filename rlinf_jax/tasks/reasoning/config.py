@@ -38,6 +38,15 @@ def check_algorithm(cfg: Config) -> None:
         raise BadInput(
             f"algorithm.adv_type={a.adv_type} compares the responses to one prompt and needs algorithm.group_size >= 2"
         )
+    if cfg.agent.enabled:
+        cfg.agent.validate()
+        if a.adv_type != "grpo":
+            raise BadInput(
+                f"agent.enabled runs multi-turn GRPO (grpo_dynamic, agent.advantage_mode); set algorithm.adv_type=grpo, "
+                f"not {a.adv_type}"
+            )
+        if a.dynamic_sampling or a.kl_in_reward:
+            raise BadInput("agent.enabled does not run algorithm.dynamic_sampling or algorithm.kl_in_reward; set them false")
     if a.dynamic_sampling and a.adv_type not in GROUP_ADVANTAGES:
         raise BadInput(
             "algorithm.dynamic_sampling keeps prompt groups whose rewards differ, which only matters to group "
@@ -47,7 +56,7 @@ def check_algorithm(cfg: Config) -> None:
 
 READS = {
     "runner.*", "cluster.*", "data.*", "reward.*", "rollout.*", *sft.LM_MODEL, *sft.LM_OPTIM,
-    "actor.optim.critic_lr", "sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.train_levels",
+    "actor.optim.critic_lr", "sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.train_levels", "agent.*",
 } | {
     f"algorithm.{k}" for k in ("name", "adv_type", "loss_type", "update_epochs", "gamma", "gae_lambda",
                                "entropy_coef", "value_coef", "normalize_advantages", "group_size", "clip_low",

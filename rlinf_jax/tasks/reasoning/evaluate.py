@@ -17,14 +17,17 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from rlinf_jax.agents import executor_from_config
 from rlinf_jax.config import load_config, load_config_file
 from rlinf_jax.data import build_datasets, load_prompt_dataset, run_tokenizer
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.lm_io import PromptEncoder, pad_id, stop_tokens
+from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.runtime import find_checkpoint
+from rlinf_jax.tasks.reasoning.agent_collect import AgentCollector
 from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy, load_policy
 
 
@@ -84,13 +87,13 @@ def evaluate_lm(checkpoint, data=None, overrides=(), seed: int = 0, ks=None, n=N
             out = _run_folder(checkpoint) / "eval" / f"{data_label}_step{step}.json"
     out = Path(out)
 
-    with RewardFunction(cfg.reward) as reward_fn, _progress(len(dataset) * n, progress) as advance:
-        result = score_dataset(
-            sampler, encoder, reward_fn, dataset, sampling, jax.random.PRNGKey(seed),
-            max(ro.eval_batch_size, n), n_samples=n, ks=tuple(ks),
-            progress=(lambda done: advance(done * n)), keep_responses=True,
-        )
-    records = result.pop("records")
+    if cfg.agent.enabled:
+        # An agentic run is scored on whole episodes, with its tools (accuracy and per-turn statistics).
+        if n != 1:
+            raise BadInput("an agentic run is evaluated on one episode per problem; leave out --n / --k")
+        result, records = _agentic_scores(cfg, sampler, encoder, tokenizer, dataset, seed, temperature), []
+    else:
+        result, records = _scores(cfg, sampler, encoder, dataset, sampling, seed, n, ks, progress)
     summary = {
         "checkpoint": str(checkpoint),
         "step": step,
@@ -105,6 +108,26 @@ def evaluate_lm(checkpoint, data=None, overrides=(), seed: int = 0, ks=None, n=N
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**summary, "records": records}, indent=1) + "\n")
     return summary
+
+
+def _scores(cfg, sampler, encoder, dataset, sampling, seed, n, ks, progress):
+    with RewardFunction(cfg.reward) as reward_fn, _progress(len(dataset) * n, progress) as advance:
+        result = score_dataset(
+            sampler, encoder, reward_fn, dataset, sampling, jax.random.PRNGKey(seed),
+            max(cfg.rollout.eval_batch_size, n), n_samples=n, ks=tuple(ks),
+            progress=(lambda done: advance(done * n)), keep_responses=True,
+        )
+    return result, result.pop("records")
+
+
+def _agentic_scores(cfg, sampler, encoder, tokenizer, dataset, seed, temperature) -> dict:
+    ag, ro = cfg.agent, cfg.rollout
+    limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
+    with executor_from_config(ag) as executor:
+        collector = AgentCollector(MultiTurnRollout(sampler, tokenizer, limits), encoder, executor, cfg.reward,
+                                   None, 0, 1, temperature)
+        scores = collector.evaluate(dataset, jax.random.PRNGKey(seed), ro.eval_batch_size, temperature)
+    return {k.removeprefix("eval/"): v for k, v in scores.items()}
 
 
 def _run_folder(checkpoint: Path) -> Path:

@@ -30,11 +30,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rlinf_jax.agents import executor_from_config
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader
 from rlinf_jax.flow.optim import clipped_adamw
 from rlinf_jax.policies.lm.value import ValueModel
 from rlinf_jax.rollout.lm_io import sync_sampler
+from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits
 from rlinf_jax.rollout.sampler import SamplingParams
 from rlinf_jax.sharding import (
     batch_axes,
@@ -49,6 +51,7 @@ from rlinf_jax.sharding import (
 )
 from rlinf_jax.sharding.mesh import fetch, put, replicated
 from rlinf_jax.tasks.reasoning import update as rl
+from rlinf_jax.tasks.reasoning.agent_collect import AgentCollector
 from rlinf_jax.tasks.reasoning.collect import Collector
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
 from rlinf_jax.tasks.reasoning.update import RLState
@@ -109,6 +112,15 @@ class ReasoningTrainer(LMTrainer):
             lm.sampler, lm.encoder, lm.tokenizer, lm.reward_fn, self.loader, self.sampling, self.num_prompts,
             self.group, a.dynamic_sampling, a.max_resample,
         )
+        self.executor = None
+        if cfg.agent.enabled:
+            ag = cfg.agent
+            self.executor = executor_from_config(ag)
+            limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
+            self.collector = AgentCollector(
+                MultiTurnRollout(lm.sampler, lm.tokenizer, limits), lm.encoder, self.executor, cfg.reward, self.loader,
+                self.num_prompts, self.group, ro.temperature, ro.top_p, ro.top_k,
+            )
         self.base_key = jax.random.PRNGKey(cfg.runner.seed)
 
     def _make_optimizer(self, n_mini: int, value: bool):
@@ -158,7 +170,8 @@ class ReasoningTrainer(LMTrainer):
         actor_mesh = self.meshes["actor"]
         device_batch = place_rows(batch, actor_mesh, self.samples)
         if self.reference is not None:
-            ref_rows = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "tokens", "response_mask")}
+            ref_rows = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "tokens", "response_mask", "response_valid")
+                        if k in batch}
             ref_logp = self._ref_logprobs(self.reference, place_rows(ref_rows, self.meshes["reference"], self.samples))
             device_batch["ref_logp"] = place_rows({"x": ref_logp}, actor_mesh, self.samples)["x"]
         t1 = time.perf_counter()
@@ -190,4 +203,12 @@ class ReasoningTrainer(LMTrainer):
         if self.lm.eval_ds is None:
             return {}
         sync_sampler(self.sampler, self.rollout_weights(ts.params))
+        if self.executor is not None:
+            ro = self.cfg.rollout
+            return self.collector.evaluate(self.lm.eval_ds, key, ro.eval_batch_size, ro.eval_temperature)
         return self.score_heldout(self.sampler, self.eval_sampling, key, progress)
+
+    def close(self):
+        if self.executor is not None:
+            self.executor.close()
+        super().close()

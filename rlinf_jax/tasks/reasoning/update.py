@@ -59,6 +59,8 @@ class RLUpdate:
     recompute_old: bool
     # Micro-batch rows split over the actor's batch axes (None: left to XLA).
     layout: Any = None
+    # Multi-turn batches (agent.enabled): grpo_dynamic's "trajectory" or "turn" mode.
+    turn_mode: str = "trajectory"
 
     @property
     def n_micro(self) -> int:
@@ -85,6 +87,7 @@ class RLUpdate:
             # current ones and need no forward pass of their own.
             recompute_old=a.update_epochs > 1 or n_mini > 1 or a.loss_type == "decoupled_ppo",
             layout=layout,
+            turn_mode=cfg.agent.advantage_mode,
         )
 
 
@@ -109,6 +112,11 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
         behaviour = out.get("old_logp", batch["sampler_logp"])
         kl_tokens = jnp.where(m > 0, kl_penalty(behaviour, batch["ref_logp"], a.kl_type), 0.0)
     valid = m > 0
+    if "turn_ids" in batch:
+        # Multi-turn episodes: GRPO per episode or per turn, on the model's tokens only.
+        turn_adv = adv_lib.grpo_dynamic(batch["turn_rewards"], batch["turn_valid"], a.group_size, u.turn_mode)
+        out["advantages"] = adv_lib.turn_token_advantages(turn_adv, batch["turn_ids"], m)
+        return out
     last = (jnp.arange(m.shape[1])[None, :] == (jnp.sum(m, axis=1, dtype=jnp.int32) - 1)[:, None]) & valid
     if a.adv_type in GROUP_OUTCOME_ADVANTAGES:
         seq_rewards = rewards if kl_tokens is None else rewards - a.kl_coef * jnp.sum(kl_tokens, axis=1)

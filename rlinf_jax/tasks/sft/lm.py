@@ -25,7 +25,7 @@ from rlinf_jax.data import PromptLoader, boxed_response
 from rlinf_jax.flow.optim import clipped_adamw, guarded_update
 from rlinf_jax.policies.lm.logprobs import policy_logprobs
 from rlinf_jax.policies.lm.lora import LoRA
-from rlinf_jax.rollout.lm_io import encode_targets, sync_sampler
+from rlinf_jax.rollout.lm_io import encode_targets, encode_transcripts, sync_sampler
 from rlinf_jax.sharding import (
     component_mesh,
     param_shardings,
@@ -146,9 +146,17 @@ class SFTTrainer(LMTrainer):
     def next_batch(self) -> dict:
         b = next(self.loader)
         prompt_ids, prompt_mask = self.lm.encoder(b.prompts, b.ids)
-        targets = [boxed_response(a) for a in b.answers]
-        tokens, mask = encode_targets(self.tokenizer, targets, self.cfg.rollout.max_new_tokens)
-        batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "tokens": tokens, "response_mask": mask}
+        width = self.cfg.rollout.max_new_tokens
+        if any("target" in r for r in b.records):
+            # Records with their own target (tool-use transcripts, rlinf_jax.data.tool_tasks):
+            # the loss on the model's text, the tool results read but not scored.
+            targets = [r.get("target") or boxed_response(a) for r, a in zip(b.records, b.answers)]
+            tokens, mask, valid = encode_transcripts(self.tokenizer, targets, width)
+            batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "tokens": tokens, "response_mask": mask,
+                     "response_valid": valid}
+        else:
+            tokens, mask = encode_targets(self.tokenizer, [boxed_response(a) for a in b.answers], width)
+            batch = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "tokens": tokens, "response_mask": mask}
         return place_rows(batch, self.mesh, self.micro)
 
     def run_iterations(self, ts: LMTrainState, n: int):

@@ -1,0 +1,50 @@
+"""Settings of multi-turn agentic rollouts (the ``agent:`` section of a reasoning recipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlinf_jax.errors import BadInput
+
+TOOLS = ("calculator", "search")
+ADVANTAGE_MODES = ("trajectory", "turn")
+
+
+@dataclass
+class AgentConfig:
+    # Off: the single-turn reasoning rollout. On: episodes of model turns and tool results.
+    enabled: bool = False
+    # Tools the model may call (<tool>name: arguments</tool>); empty = no tools (a call is an
+    # error observation), the control for "does the tool help".
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+    # The search tool's collection: a folder of .txt/.md files or a .jsonl with "text".
+    search_documents: str = ""
+    search_top_k: int = 1
+    # Model turns per episode; tokens per model turn; tokens of one tool observation (longer
+    # ones are cut); tokens of the whole episode after the prompt (model + observations).
+    max_turns: int = 4
+    max_turn_tokens: int = 32
+    max_observation_tokens: int = 24
+    max_episode_tokens: int = 128
+    # Each tool call's time limit, and the tool worker processes (0 = in this process).
+    tool_timeout_s: float = 2.0
+    num_workers: int = 1
+    # GRPO over episodes ("trajectory") or over every turn of a group (RLinf's grpo_dynamic "turn").
+    advantage_mode: str = "trajectory"
+
+    def validate(self) -> AgentConfig:
+        unknown = [t for t in self.tools if t not in TOOLS]
+        if unknown:
+            raise BadInput(f"agent.tools has unknown tools {unknown}; choose from {', '.join(TOOLS)}")
+        if "search" in self.tools and not self.search_documents:
+            raise BadInput("agent.tools has search but agent.search_documents is empty; point it at the documents")
+        for name in ("max_turns", "max_turn_tokens", "max_observation_tokens", "max_episode_tokens", "search_top_k"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"agent.{name}={getattr(self, name)} must be >= 1")
+        if self.tool_timeout_s <= 0:
+            raise BadInput(f"agent.tool_timeout_s={self.tool_timeout_s} must be positive")
+        if self.num_workers < 0:
+            raise BadInput(f"agent.num_workers={self.num_workers} must be >= 0 (0 = in this process)")
+        if self.advantage_mode not in ADVANTAGE_MODES:
+            raise BadInput(f"agent.advantage_mode={self.advantage_mode!r}; use one of {', '.join(ADVANTAGE_MODES)}")
+        return self

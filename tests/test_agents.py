@@ -1,0 +1,166 @@
+"""Agentic host pieces: the calculator against exact arithmetic, the tool-call syntax, the
+search tool, the tool executor's pool and time limits, and a tool environment's episode."""
+
+from __future__ import annotations
+
+import random
+import time
+from fractions import Fraction
+
+import pytest
+
+from rlinf_jax.agents import (
+    AgentConfig,
+    CalculatorError,
+    FormatError,
+    SearchTool,
+    ToolBox,
+    ToolCall,
+    ToolEnv,
+    ToolExecutor,
+    calculator,
+    calculator_tool,
+    evaluate,
+    load_documents,
+    parse_turn,
+    search_tool,
+    step_batch,
+)
+from rlinf_jax.agents.tools import Tool
+from rlinf_jax.errors import BadInput
+
+
+def _random_expression(rng, depth):
+    """``(text, exact value)`` of a random expression, the value computed while building it."""
+    if depth == 0 or rng.random() < 0.3:
+        n = rng.randint(0, 99)
+        return str(n), Fraction(n)
+    a, va = _random_expression(rng, depth - 1)
+    b, vb = _random_expression(rng, depth - 1)
+    op = rng.choice("+-*/")
+    if op == "/" and vb == 0:
+        op = "+"
+    value = {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else None}[op]
+    text = f"({a}){op}({b})" if rng.random() < 0.5 else f"( {a} ) {op} ( {b} )"
+    return text, value
+
+
+def test_calculator_matches_exact_arithmetic():
+    rng = random.Random(0)
+    for _ in range(300):
+        text, value = _random_expression(rng, 3)
+        assert evaluate(text) == value, text
+    assert calculator("12*34") == "408"
+    assert calculator("-(3 - 10) * 2") == "14"
+    assert calculator("1/3") == "0.333333"
+    assert calculator("2.5*4") == "10"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2**10", "__import__('os').system('true')", "x+1", "1/0", "(" * 500 + "1" + ")" * 500, "9" * 10 + "*" + "9" * 10,
+     "", "1 < 2", "[1, 2]", "1 +", "abs(-1)", "+".join(["1"] * 150)],
+)
+def test_calculator_refuses_what_is_not_bounded_arithmetic(text):
+    with pytest.raises(CalculatorError):
+        evaluate(text)
+
+
+def test_tool_call_syntax():
+    assert parse_turn("let me compute <tool>calculator: 12*34</tool>") == ToolCall("calculator", "12*34")
+    assert parse_turn("<tool>a: 1</tool> then <tool>search: two words</tool>") == ToolCall("search", "two words")
+    assert parse_turn("the answer is 408") is None
+    for bad in ["<tool>calculator 12*34</tool>", "<tool>calculator: 1", "</tool>", "<tool>1x: 2</tool>"]:
+        assert isinstance(parse_turn(bad), FormatError), bad
+
+
+def test_search_tool_ranks_by_bm25(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    facts = {"zorbia.txt": "The capital of Zorbia is Quellton.", "fruit.md": "Bananas are yellow fruits.",
+             "bridges.txt": "Quellton has four stone bridges."}
+    for name, text in facts.items():
+        (docs / name).write_text(text)
+    tool = SearchTool.from_path(docs)
+    assert tool("capital of Zorbia") == facts["zorbia.txt"]
+    assert tool("stone bridges") == facts["bridges.txt"]
+    assert tool("xylophone") == "no results"
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text('{"title": "Zorbia", "text": "Its flag is green."}\n')
+    assert load_documents(jsonl) == ["Zorbia: Its flag is green."]
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(BadInput, match="bad.jsonl:1"):
+        load_documents(tmp_path / "bad.jsonl")
+    with pytest.raises(BadInput):
+        load_documents(tmp_path / "missing")
+
+
+def sleepy(arguments):
+    time.sleep(float(arguments))
+    return "woke"
+
+
+def test_executor_runs_calls_in_the_pool_with_time_limits():
+    tools = ToolBox([calculator_tool(), search_tool(SearchTool(["alpha beta", "gamma delta"])), Tool("sleep", "", sleepy)])
+    with ToolExecutor(tools, num_workers=2, timeout_s=0.5) as ex:
+        out = ex.run([
+            ToolCall("calculator", "12*34"), ToolCall("search", "gamma"), ToolCall("sleep", "5"),
+            ToolCall("nope", "x"), ToolCall("calculator", "1/0"), ToolCall("sleep", "0"),
+        ])
+        assert [o.ok for o in out] == [True, True, False, False, False, True]
+        assert out[0].text == "408" and out[1].text == "gamma delta" and out[5].text == "woke"
+        assert out[2].timed_out and "timed out" in out[2].text
+        assert "unknown tool" in out[3].text and "division by zero" in out[4].text
+        assert ex.run([ToolCall("calculator", "2+2")])[0].text == "4"  # the pool lives on after a timeout
+
+
+def test_tool_env_episode_and_batch():
+    with ToolExecutor(ToolBox([calculator_tool()]), num_workers=0, timeout_s=1.0) as ex:
+        env = ToolEnv(ex, max_turns=3)
+        assert env.reset({"prompt": "What is 12*34?", "answer": "408"}) == "What is 12*34?"
+        r = env.step("<tool>calculator: 12*34</tool>")
+        assert (r.observation, r.reward, r.done, r.info["tool_call"]) == ("<result>408</result>", 0.0, False, True)
+        r = env.step("<tool>calculator 12*34</tool>")
+        assert r.observation.startswith("<error>") and r.info["format_error"] and not r.done
+        r = env.step("\\boxed{408}")
+        assert (r.observation, r.reward, r.done) == ("", 1.0, True)
+
+        envs = [ToolEnv(ex, max_turns=1), ToolEnv(ex, max_turns=2), ToolEnv(ex, max_turns=2)]
+        for e in envs:
+            e.reset({"prompt": "p", "answer": "7"})
+        out = step_batch(envs, ["<tool>calculator: 3+4</tool>", "<tool>calculator: 1/0</tool>", "7"])
+        assert out[0].done and out[0].info["truncated"] and out[0].reward == 0.0
+        assert not out[1].done and out[1].info["tool_error"] and out[1].observation.startswith("<error>")
+        assert out[2].done and out[2].reward == 1.0
+
+
+def test_agent_config_checks():
+    AgentConfig().validate()
+    for bad in [dict(tools=["shell"]), dict(tools=["search"]), dict(max_turns=0), dict(advantage_mode="step"),
+                dict(tool_timeout_s=0)]:
+        with pytest.raises(BadInput):
+            AgentConfig(**bad).validate()
+
+
+def test_tool_task_transcripts_solve_their_problems_and_splits_are_disjoint():
+    import re
+
+    from rlinf_jax.data.tool_tasks import ToolTaskDataset
+
+    train = ToolTaskDataset(400, (1, 2, 3), "train", seed=3)
+    held = ToolTaskDataset(100, (1, 2, 3), "heldout", seed=3)
+    assert {r["prompt"] for r in train} & {r["prompt"] for r in held} == set()
+    assert {r["level"] for r in train} == {1, 2, 3}
+    with ToolExecutor(ToolBox([calculator_tool()]), num_workers=0) as ex:
+        for rec in [*train[:60], *held[:20]]:
+            # Replaying the transcript through the environment: every call's result is the
+            # calculator's, and the final answer scores 1.
+            env = ToolEnv(ex, max_turns=3)
+            env.reset(rec)
+            turns = re.split(r"(?<=</tool>)<result>[^<]*</result>", rec["target"])
+            results = re.findall(r"<result>([^<]*)</result>", rec["target"])
+            for turn, expected in zip(turns, results):
+                assert env.step(turn).observation == f"<result>{expected}</result>"
+            final = env.step(turns[-1])
+            assert final.done and final.reward == 1.0, rec
+    assert "target" not in ToolTaskDataset(5, (1,), transcripts=False)[0]
