@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
+from recorded import warn_regressions
 
 TUNIX_VERSION = "0.1.7"
 DEFAULT_VENV = Path.home() / ".cache" / "rlinf-jax" / "tunix-venv"
@@ -236,6 +237,7 @@ def main() -> None:
     summary["max_logit_difference"] = gap
     summary["tunix"]["version"] = TUNIX_VERSION
     summary["settings"]["jax"] = {"ours": __import__("jax").__version__, "tunix": results["tunix"][0]["jax"]}
+    warn_regressions("grpo_vs_tunix", summary)
     print(json.dumps(summary))
 
 
