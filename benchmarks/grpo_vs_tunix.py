@@ -23,7 +23,7 @@ Each side runs in its own process, pinned to the same CPU core with one XLA thre
 (``--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``). Tunix runs in its
 own virtual environment: google-tunix 0.1.7 requires ``safetensors<0.8`` and this project
 ``>=0.8``. The script uses ``--tunix-python`` (or ``$TUNIX_PYTHON``) when given; otherwise it
-builds ``~/.cache/rlinf-jax/tunix-venv`` on first use (google-tunix with the same jax and
+builds ``~/.cache/rlinf_jax/tunix-venv`` on first use (google-tunix with the same jax and
 jaxlib versions as ours, so both sides compile with the same XLA) and says so. Seconds per
 step are the median over the steps after ``--warmup``; a Tunix step is timed around its
 learner's global step (generation, reward, advantages, update).
@@ -49,7 +49,7 @@ from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cp
 from recorded import warn_regressions
 
 TUNIX_VERSION = "0.1.7"
-DEFAULT_VENV = Path.home() / ".cache" / "rlinf-jax" / "tunix-venv"
+DEFAULT_VENV = Path.home() / ".cache" / "rlinf_jax" / "tunix-venv"
 REPO = Path(__file__).resolve().parent.parent
 # Token ids both sides run through their model before training (digits, operators, letters of
 # the character vocabulary), to show they loaded the same weights.
