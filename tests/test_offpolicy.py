@@ -183,15 +183,17 @@ def test_critic_step_regresses_on_the_hand_computed_soft_target(name):
 
 @pytest.mark.slow
 def test_sac_learns_inverted_pendulum(tmp_path):
-    assert main(["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=16",
+    assert main(["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=24",
                  "runner.eval_interval=4", "runner.save_interval=0", "runner.log_interval=4"]) == 0
     records = read_metrics(tmp_path / "sac_brax_inverted_pendulum")
     first = records[1]
     evals = [r["eval/return"] for r in records if "eval/return" in r]
     assert first["env/return"] < 40  # random-ish start: the pendulum falls within a few dozen steps
     # Iterations of 128 env steps and 128 updates each; a single evaluation of a young SAC
-    # policy swings by 2x between neighbours (seed 0: 21, 19, 108, 200), so the best of
-    # the last two is what has to show learning, at 5x the falling start.
+    # policy swings by 2x between neighbours, and where it stands at 16 iterations moves
+    # with the machine's float rounding (seed 0 at 4..32 iterations, measured on two
+    # machines: 21, 19, 108, 200 and 21, 19, 90, 85, 125, 168, 121, 200), so the best of the
+    # last two evaluations at 24 iterations is what has to show learning, at 5x the start.
     assert max(evals[-2:]) > 100, evals
     assert all(r.get("train/skipped_updates", 0) == 0 for r in records)
 
