@@ -123,10 +123,11 @@ def make_problem(level: int, rng: np.random.Generator) -> tuple[str, str, int]:
     raise BadInput(f"math task level {level} does not exist; use levels among {sorted(LEVELS)}")
 
 
-def check_levels(levels) -> tuple[int, ...]:
+def check_levels(levels, known=LEVELS, kind: str = "math") -> tuple[int, ...]:
+    """``levels`` as ints when they are a non-empty subset of ``known`` (a ``kind`` task's levels)."""
     levels = tuple(int(x) for x in levels)
-    if not levels or any(x not in LEVELS for x in levels):
-        raise BadInput(f"math task levels {list(levels)} are invalid; pick a non-empty subset of {sorted(LEVELS)}")
+    if not levels or any(x not in known for x in levels):
+        raise BadInput(f"{kind} task levels {list(levels)} are invalid; pick a non-empty subset of {sorted(known)}")
     return levels
 
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlinf_jax.data.math_tasks import SPLITS, heldout_bucket
+from rlinf_jax.data.math_tasks import SPLITS, check_levels, heldout_bucket
 from rlinf_jax.errors import BadInput
 
 TOOL_LEVELS = {
@@ -72,10 +72,7 @@ def make_tool_problem(level: int, rng: np.random.Generator) -> dict:
 
 
 def check_tool_levels(levels) -> tuple[int, ...]:
-    levels = tuple(int(x) for x in levels)
-    if not levels or any(x not in TOOL_LEVELS for x in levels):
-        raise BadInput(f"tool task levels {list(levels)} are invalid; pick a non-empty subset of {sorted(TOOL_LEVELS)}")
-    return levels
+    return check_levels(levels, TOOL_LEVELS, "tool")
 
 
 class ToolTaskDataset(Sequence):
