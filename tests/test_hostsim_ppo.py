@@ -79,7 +79,8 @@ def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
     out = tmp_path / "runs"
     argv = ["--config-name", "ppo_gym_mujoco", *TINY, f"runner.output_dir={out}", "runner.max_steps=2",
             "runner.eval_interval=2", "runner.save_interval=2"]
-    assert train_main(argv) == 0
+    # As users run it: TensorBoard on, so the evaluation's media step runs too.
+    assert train_main([*argv, "runner.tensorboard=true"]) == 0
     capsys.readouterr()
     # The saved policy evaluates in a pool of its own, closed afterwards.
     assert evaluate_main([str(out / "ppo_gym_InvertedPendulum-v5")]) == 0

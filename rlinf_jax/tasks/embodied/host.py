@@ -238,6 +238,10 @@ class HostPPO(Trainer):
     def run_eval(self, s: HostState, key) -> dict:
         return self.evaluate(s.learner.params, s.learner.obs_stats, key)
 
+    # Host simulators hand the policy vectors only (no camera observations yet), so an
+    # evaluation draws no episode strip.
+    image_observations = False
+
     def deterministic(self, params, stats):
         """``obs -> action``: the policy's evaluation action."""
         return lambda obs: self._act_eval(params, stats, obs)
