@@ -85,7 +85,7 @@ def _own(nb, got):
     assert got["model_type"] == "qwen2" and got["params"] > 0
     assert got["grpo_steps"] == 8
     # SFT on the user's file teaches the random model the sums (see the notebook's settings).
-    assert got["sft_accuracy"][-1] > got["sft_accuracy"][0] + 0.2, got["sft_accuracy"]
+    assert got["sft_accuracy"][-1] > got["sft_accuracy"][0] + 0.4, got["sft_accuracy"]
     assert len(got["answers"]) == 2
 
 
