@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlinf_jax.errors import BadInput
 
 TOOLS = ("calculator", "search")
 ADVANTAGE_MODES = ("trajectory", "turn")
+ENVS = ("tools", "skyrl")
 
 
 @dataclass
 class AgentConfig:
     # Off: the single-turn reasoning rollout. On: episodes of model turns and tool results.
     enabled: bool = False
+    # The episodes' environment: "tools" (`ToolEnv`: tool calls, then an answer the math
+    # checker scores) or "skyrl" (a SkyRL-gym environment, the `skyrl` extra: `agents/skyrl.py`).
+    env: str = "tools"
+    # env=skyrl: the registered SkyRL-gym id (e.g. gsm8k_multi_turn) and its env_config.
+    skyrl_env: str = ""
+    skyrl_env_config: dict[str, Any] = field(default_factory=dict)
     # Tools the model may call (<tool>name: arguments</tool>); empty = no tools (a call is an
     # error observation), the control for "does the tool help".
     tools: list[str] = field(default_factory=lambda: ["calculator"])
@@ -33,6 +41,10 @@ class AgentConfig:
     advantage_mode: str = "trajectory"
 
     def validate(self) -> AgentConfig:
+        if self.env not in ENVS:
+            raise BadInput(f"agent.env={self.env!r}; use one of {', '.join(ENVS)}")
+        if self.env == "skyrl" and not self.skyrl_env:
+            raise BadInput("agent.env=skyrl needs agent.skyrl_env, a registered SkyRL-gym id such as gsm8k_multi_turn")
         unknown = [t for t in self.tools if t not in TOOLS]
         if unknown:
             raise BadInput(f"agent.tools has unknown tools {unknown}; choose from {', '.join(TOOLS)}")

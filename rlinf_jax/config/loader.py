@@ -79,7 +79,8 @@ SECTIONS = _schema_sections()
 # Leaves that hold free-form mappings (component names, mesh axes, logical axes); their
 # keys are checked against the recipe's components when the placement is resolved.
 # Mappings whose keys are the user's own (mesh axes, a simulator's keyword arguments).
-OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules", "env.gym_kwargs"}
+OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules", "env.gym_kwargs",
+               "agent.skyrl_env_config"}
 FLOW_RUNNERS = ("fused", "staged", "auto")
 PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
 

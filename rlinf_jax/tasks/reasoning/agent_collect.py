@@ -1,6 +1,7 @@
 """The rollout half of an agentic reasoning iteration (``agent.enabled``): ``group_size``
-episodes per prompt of `rlinf_jax.agents.ToolEnv` (tool calls in the worker pool, the final
-answer scored by the math checker), run by `rlinf_jax.rollout.multi_turn`.
+episodes per prompt of the recipe's text environment (`rlinf_jax.agents.ToolEnv`: tool calls
+in the worker pool, the final answer scored by the math checker; or a SkyRL-gym one), run by
+`rlinf_jax.rollout.multi_turn`.
 
 The batch has the single-turn layout (``[prompt | response]``) with the episode as the
 response: ``response_mask`` is the loss mask (the model's tokens), ``response_valid`` every
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from rlinf_jax.agents import ToolEnv, ToolExecutor
+from rlinf_jax.agents import TextEnv
 from rlinf_jax.data import PromptLoader, eval_batches
 from rlinf_jax.rewards import RewardConfig
 from rlinf_jax.rollout.lm_io import PromptEncoder
@@ -28,7 +30,7 @@ from rlinf_jax.rollout.sampler import bucket_length
 class AgentCollector:
     rollout: MultiTurnRollout
     encoder: PromptEncoder
-    executor: ToolExecutor
+    make_env: Callable[[], TextEnv]  # a fresh environment per episode (`agents.factory.env_factory`)
     reward: RewardConfig
     loader: PromptLoader
     num_prompts: int
@@ -43,7 +45,7 @@ class AgentCollector:
 
     def episodes(self, records, key, temperature, sample_ids=None) -> tuple[Episodes, list]:
         """Episodes of ``records`` and their prompts' token ids."""
-        envs = [ToolEnv(self.executor, self.rollout.limits.max_turns) for _ in records]
+        envs = [self.make_env() for _ in records]
         prompts: list = []
 
         def encode(texts):

@@ -17,7 +17,7 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from rlinf_jax.agents import executor_from_config
+from rlinf_jax.agents.factory import env_factory, tool_executor
 from rlinf_jax.config import load_config, load_config_file
 from rlinf_jax.data import build_datasets, load_prompt_dataset, run_tokenizer
 from rlinf_jax.errors import BadInput
@@ -123,10 +123,14 @@ def _scores(cfg, sampler, encoder, dataset, sampling, seed, n, ks, progress):
 def _agentic_scores(cfg, sampler, encoder, tokenizer, dataset, seed, temperature) -> dict:
     ag, ro = cfg.agent, cfg.rollout
     limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
-    with executor_from_config(ag) as executor:
-        collector = AgentCollector(MultiTurnRollout(sampler, tokenizer, limits), encoder, executor, cfg.reward,
-                                   None, 0, 1, temperature)
+    executor = tool_executor(ag)
+    try:
+        collector = AgentCollector(MultiTurnRollout(sampler, tokenizer, limits), encoder, env_factory(ag, executor),
+                                   cfg.reward, None, 0, 1, temperature)
         scores = collector.evaluate(dataset, jax.random.PRNGKey(seed), ro.eval_batch_size, temperature)
+    finally:
+        if executor is not None:
+            executor.close()
     return {k.removeprefix("eval/"): v for k, v in scores.items()}
 
 

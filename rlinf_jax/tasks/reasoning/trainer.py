@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlinf_jax.agents import executor_from_config
+from rlinf_jax.agents.factory import env_factory, tool_executor
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader
 from rlinf_jax.flow.optim import clipped_adamw
@@ -115,11 +115,11 @@ class ReasoningTrainer(LMTrainer):
         self.executor = None
         if cfg.agent.enabled:
             ag = cfg.agent
-            self.executor = executor_from_config(ag)
+            self.executor = tool_executor(ag)
             limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
             self.collector = AgentCollector(
-                MultiTurnRollout(lm.sampler, lm.tokenizer, limits), lm.encoder, self.executor, cfg.reward, self.loader,
-                self.num_prompts, self.group, ro.temperature, ro.top_p, ro.top_k,
+                MultiTurnRollout(lm.sampler, lm.tokenizer, limits), lm.encoder, env_factory(ag, self.executor),
+                cfg.reward, self.loader, self.num_prompts, self.group, ro.temperature, ro.top_p, ro.top_k,
             )
         self.base_key = jax.random.PRNGKey(cfg.runner.seed)
 
@@ -203,7 +203,7 @@ class ReasoningTrainer(LMTrainer):
         if self.lm.eval_ds is None:
             return {}
         sync_sampler(self.sampler, self.rollout_weights(ts.params))
-        if self.executor is not None:
+        if self.cfg.agent.enabled:
             ro = self.cfg.rollout
             return self.collector.evaluate(self.lm.eval_ds, key, ro.eval_batch_size, ro.eval_temperature)
         return self.score_heldout(self.sampler, self.eval_sampling, key, progress)
