@@ -164,3 +164,34 @@ def test_tool_task_transcripts_solve_their_problems_and_splits_are_disjoint():
             final = env.step(turns[-1])
             assert final.done and final.reward == 1.0, rec
     assert "target" not in ToolTaskDataset(5, (1,), transcripts=False)[0]
+
+
+def test_search_task_transcripts_replay_through_the_search_tool_and_held_out_towns_are_new(tmp_path):
+    import re
+
+    from rlinf_jax.agents import executor_from_config
+    from rlinf_jax.data.search_tasks import NUM_TOWNS, ToolSearchDataset, fact_documents, main, towns
+
+    docs = fact_documents()
+    assert len(docs) == 3 * NUM_TOWNS == len(set(docs)) and len({t for t, _ in towns()}) == NUM_TOWNS
+    train = ToolSearchDataset(300, "train", seed=1)
+    held = ToolSearchDataset(100, "heldout", seed=1)
+    town = re.compile(r"search: (\w+) ")
+    train_towns = {town.search(r["target"]).group(1) for r in train}
+    held_towns = {town.search(r["target"]).group(1) for r in held}
+    assert train_towns and held_towns and not train_towns & held_towns
+    with executor_from_config(AgentConfig(tools=["search"], search_documents="facts", num_workers=0)) as ex:
+        for rec in [*train[:30], *held[:30]]:
+            # The transcript's search finds the fact it quotes, and its answer scores 1.
+            env = ToolEnv(ex, max_turns=2)
+            env.reset(rec)
+            call, result, answer = re.fullmatch(r"(.*</tool>)<result>(.*)</result>(.*)", rec["target"]).groups()
+            assert env.step(call).observation == f"<result>{result}</result>"
+            assert result.endswith(" " + rec["answer"])
+            final = env.step(answer)
+            assert final.done and final.reward == 1.0, rec
+    assert "target" not in ToolSearchDataset(5, transcripts=False)[0]
+    # The collection written out for reading; an existing file is never overwritten.
+    out = tmp_path / "facts.jsonl"
+    assert main([str(out)]) == 0 and load_documents(out) == docs
+    assert main([str(out)]) == 2 and load_documents(out) == docs

@@ -10,6 +10,8 @@ from rlinf_jax.errors import BadInput
 TOOLS = ("calculator", "search")
 ADVANTAGE_MODES = ("trajectory", "turn")
 ENVS = ("tools", "skyrl")
+# agent.search_documents: the generated fact collection of data.source=tool_search.
+FACTS = "facts"
 
 
 @dataclass
@@ -25,7 +27,8 @@ class AgentConfig:
     # Tools the model may call (<tool>name: arguments</tool>); empty = no tools (a call is an
     # error observation), the control for "does the tool help".
     tools: list[str] = field(default_factory=lambda: ["calculator"])
-    # The search tool's collection: a folder of .txt/.md files or a .jsonl with "text".
+    # The search tool's collection: a folder of .txt/.md files, a .jsonl with "text", or
+    # "facts" (the generated towns of data.source=tool_search, `data/search_tasks.py`).
     search_documents: str = ""
     search_top_k: int = 1
     # Model turns per episode; tokens per model turn; tokens of one tool observation (longer

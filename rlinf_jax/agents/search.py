@@ -3,8 +3,8 @@
 Documents come from files the user points to: a folder of ``.txt`` / ``.md`` files (one
 document per file) or a ``.jsonl`` file with a ``text`` field per line (``title`` optional).
 The index is ``bm25s`` (an optional extra, ``pip install rlinf-jax[agents]``), built on the
-first query in this process, and by a tool worker as it unpickles the tool (before the
-call's time limit starts), then kept; the index itself is never pickled. A query returns the ``top_k`` best documents, each cut
+first query in this process (or by the tool executor before its first timed call), and by a
+tool worker as it unpickles the tool (before the call's time limit starts), then kept; the index itself is never pickled. A query returns the ``top_k`` best documents, each cut
 to ``max_chars`` characters, so the observation stays inside the token budget.
 """
 
@@ -63,12 +63,16 @@ class SearchTool:
         index.index(bm25s.tokenize(self.documents, stopwords="en", show_progress=False), show_progress=False)
         return index
 
+    def prepare(self) -> None:
+        """Builds the index now (the tool executor calls it before the first timed call)."""
+        if self._index is None:
+            self._index = self._build()
+
     def search(self, query: str) -> list[tuple[int, float]]:
         """``[(document index, score)]``, best first, only documents that share a term."""
         import bm25s  # optional extra (agents)
 
-        if self._index is None:
-            self._index = self._build()
+        self.prepare()
         k = min(self.top_k, len(self.documents))
         tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
         if not tokens.vocab:

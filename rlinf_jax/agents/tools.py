@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlinf_jax.agents.calculator import calculator
+from rlinf_jax.agents.config import FACTS
 from rlinf_jax.agents.search import SearchTool
 from rlinf_jax.agents.syntax import ToolCall
+from rlinf_jax.data.search_tasks import fact_documents
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rewards.pool import CheckerPool, call_with_timeout
 
@@ -87,6 +89,13 @@ class ToolBox:
             raise TypeError(f"tool {name!r} returned {type(out).__name__}, not text")
         return out[:MAX_OUTPUT_CHARS]
 
+    def prepare(self) -> None:
+        """Each tool's one-off set-up (a search index), outside any call's time limit: a
+        tool with a ``prepare()`` method has it called (worker processes do it as they
+        unpickle the tools)."""
+        for t in self.tools.values():
+            getattr(t.fn, "prepare", lambda: None)()
+
     def preload(self) -> tuple[str, ...]:
         return ("rlinf_jax.agents", *sorted({m for t in self.tools.values() for m in t.preload}))
 
@@ -113,12 +122,16 @@ class ToolExecutor:
             raise BadInput(f"the tool time limit must be positive, got {timeout_s}")
         self.toolbox, self.num_workers, self.timeout_s = toolbox, int(num_workers), float(timeout_s)
         self._pool: CheckerPool | None = None
+        self._prepared = False
 
     def run(self, calls: list[ToolCall]) -> list[ToolOutcome]:
         if not calls:
             return []
         items = [(c.name, c.arguments) for c in calls]
         if self.num_workers == 0:
+            if not self._prepared:
+                self.toolbox.prepare()
+                self._prepared = True
             raw = [call_with_timeout(self.toolbox, it, self.timeout_s) for it in items]
         else:
             if self._pool is None:
@@ -152,7 +165,9 @@ def executor_from_config(cfg) -> ToolExecutor:
     from_names = {"calculator": calculator_tool}
     tools = []
     for name in cfg.tools:
-        if name == "search":
+        if name == "search" and cfg.search_documents == FACTS:
+            tools.append(search_tool(SearchTool(fact_documents(), cfg.search_top_k)))
+        elif name == "search":
             tools.append(search_tool(SearchTool.from_path(cfg.search_documents, cfg.search_top_k)))
         else:
             tools.append(from_names[name]())

@@ -11,7 +11,7 @@ from rlinf_jax.data.templates import template_text
 from rlinf_jax.data.tool_tasks import check_tool_levels
 from rlinf_jax.errors import BadInput
 
-SOURCES = ("procedural", "files", "reasoning_gym", "tool_calc")
+SOURCES = ("procedural", "files", "reasoning_gym", "tool_calc", "tool_search")
 
 
 @dataclass
@@ -28,10 +28,10 @@ class DataConfig:
     train_levels: list[int] = field(default_factory=lambda: [1])
     eval_levels: list[int] = field(default_factory=lambda: [1])
     heldout_fraction: float = 0.2
-    # source=tool_calc: SFT targets are tool-use transcripts (true) or the bare \boxed{answer}
+    # source=tool_calc / tool_search: SFT targets are tool-use transcripts (true) or the bare \boxed{answer}
     # (false: the no-tool control). Its levels are rlinf_jax.data.tool_tasks.TOOL_LEVELS.
     sft_tool_transcripts: bool = True
-    # source=procedural, tool_calc and reasoning_gym: dataset sizes.
+    # source=procedural, tool_calc, tool_search and reasoning_gym: dataset sizes.
     train_size: int = 10_000
     eval_size: int = 200
     reasoning_gym_task: str = ""

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlinf_jax.data.math_tasks import ProceduralMathDataset
+from rlinf_jax.data.search_tasks import ToolSearchDataset
 from rlinf_jax.data.tool_tasks import ToolTaskDataset
 from rlinf_jax.errors import BadInput
 
@@ -241,6 +242,9 @@ def build_datasets(cfg):
             ToolTaskDataset(cfg.train_size, cfg.train_levels, "train", **kw),
             ToolTaskDataset(cfg.eval_size, cfg.eval_levels, "heldout", **kw),
         )
+    if cfg.source == "tool_search":
+        kw = {"seed": cfg.seed, "heldout_fraction": cfg.heldout_fraction, "transcripts": cfg.sft_tool_transcripts}
+        return ToolSearchDataset(cfg.train_size, "train", **kw), ToolSearchDataset(cfg.eval_size, "heldout", **kw)
     if cfg.source == "reasoning_gym":
         # Eval items come from a seed stream of their own (seed offset by a large odd constant).
         return (
