@@ -45,7 +45,8 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
     last = full[-1]
     for k in ("turns", "tool_calls", "tool_errors", "format_errors", "tokens_generated", "tokens_observed"):
         assert f"rollout/agent/{k}" in last and f"eval/agent/{k}" in last
-    assert {"train/kl", "eval/accuracy", "rollout/accuracy"} <= set(last)
+    assert {"train/kl", "eval/accuracy", "rollout/accuracy", "rollout/uniform_groups"} <= set(last)
+    assert 0.0 <= last["rollout/uniform_groups"] <= 1.0
     # The warm start learnt the call syntax: tools are called and their results read.
     assert max(r["rollout/agent/tool_calls"] for r in full[1:]) > 0
     assert max(r["rollout/agent/tokens_observed"] for r in full[1:]) > 0

@@ -26,6 +26,16 @@ from rlinf_jax.rollout.multi_turn import Episodes, MultiTurnRollout, episode_met
 from rlinf_jax.rollout.sampler import bucket_length
 
 
+def level_accuracy(correct, levels, name: str) -> dict:
+    """``{name}_level<k>``: accuracy per difficulty level of procedural rows (as the
+    single-turn evaluation reports it), to see which levels a gain or a failure comes from;
+    empty when the rows carry no integer levels or only one."""
+    if not levels or not all(isinstance(v, int) for v in levels) or len(set(levels)) < 2:
+        return {}
+    levels = np.asarray(levels)
+    return {f"{name}_level{k}": float(correct[levels == k].mean()) for k in sorted(set(levels.tolist()))}
+
+
 @dataclass
 class AgentCollector:
     rollout: MultiTurnRollout
@@ -82,8 +92,11 @@ class AgentCollector:
             "turn_valid": turn_valid,
         }
         generated = ep.loss_mask.sum()
+        groups = rewards.reshape(-1, self.group)
         metrics = {
             "rollout/reward_mean": float(rewards.mean()),
+            # Groups whose episodes all scored the same get a zero GRPO advantage: no gradient.
+            "rollout/uniform_groups": float((groups.max(axis=1) == groups.min(axis=1)).mean()),
             "rollout/accuracy": float(correct.mean()),
             "rollout/response_length": float(ep.valid.sum(axis=1).mean()),
             "time/rollout_sec": dt,
@@ -95,15 +108,17 @@ class AgentCollector:
     def evaluate(self, dataset, key, batch_size: int, temperature: float) -> dict:
         """Accuracy of episodes on ``dataset`` (greedy with ``temperature=0``) and their
         per-turn statistics, as ``eval/*``."""
-        correct, stats, n = [], {}, 0
+        correct, stats, n, levels = [], {}, 0, []
         for i, recs in enumerate(eval_batches(dataset, batch_size)):
             recs = list(recs.records)
+            levels.extend(r.get("level") for r in recs)
             ep, _ = self.episodes(recs, key, temperature, np.arange(n, n + len(recs), dtype=np.uint32))
             correct.append(ep.rewards)
             for k, v in episode_metrics(ep).items():
                 stats[k] = stats.get(k, 0.0) + v * len(recs)
             n += len(recs)
-        out = {"eval/accuracy": float(np.concatenate(correct).mean())}
+        correct = np.concatenate(correct)
+        out = {"eval/accuracy": float(correct.mean()), **level_accuracy(correct, levels, "eval/accuracy")}
         out.update({f"eval/{k}": v / n for k, v in stats.items()})
         return out
 
