@@ -87,3 +87,14 @@ def test_bad_agent_settings_are_one_line_errors(tmp_path, capsys, extra, words):
     assert run(tmp_path, "bad", *extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error:") and words in err[-1]
+
+
+@pytest.mark.slow
+def test_search_recipe_runs_with_the_generated_collection(tmp_path):
+    assert main(["--config-name", "grpo_tool_search", *TINY, f"runner.output_dir={tmp_path}",
+                 "runner.experiment_name=search", "runner.max_steps=2", "runner.eval_interval=2",
+                 "agent.max_turns=2", "agent.max_turn_tokens=48", "agent.max_episode_tokens=128"]) == 0
+    last = read_metrics(tmp_path / "search")[-1]
+    # The short warm start has learnt to search: calls go out and results come back.
+    assert last["rollout/agent/tool_calls"] > 0.5 and last["rollout/agent/tokens_observed"] > 0
+    assert last["rollout/agent/tool_errors"] < last["rollout/agent/tool_calls"]
