@@ -10,6 +10,9 @@
   top-p on/off, greedy) and not per request.
 - Randomness is per sample: row ``i`` draws from ``fold_in(fold_in(key, sample_ids[i]), step)``.
   The same sample id gets the same draws whatever batch it is cut into.
+- Rows that repeat one prompt (a GRPO group: consecutive identical rows, every run of the
+  same length) are prefilled once per distinct prompt; the filled cache is then repeated
+  to every row of the run. Same numbers, the prefill's work divided by the group size.
 - Sampling uses one uniform per row and step and inverts the CDF of the (filtered)
   distribution; exact like the Gumbel trick, but with ``B`` random numbers a step instead
   of ``B * vocab``, which matters on CPU.
@@ -224,23 +227,41 @@ def _uniforms(key, sample_ids, steps: int) -> jax.Array:
     return jax.vmap(row)(sample_ids)
 
 
+def _prompt_group(ids: np.ndarray, mask: np.ndarray) -> int:
+    """Rows per run of identical consecutive prompts, when every run has the same length
+    (else 1)."""
+    same = np.all(ids[1:] == ids[:-1], axis=1) & np.all(mask[1:] == mask[:-1], axis=1)
+    starts = np.flatnonzero(np.concatenate([[True], ~same]))
+    runs = np.diff(np.append(starts, len(ids)))
+    return int(runs[0]) if np.all(runs == runs[0]) else 1
+
+
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout")
+    jax.jit,
+    static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout", "group",
+                     "prompt_layout"),
 )
 def _prefill(
     graphdef, params, prompt, prompt_mask, key, sample_ids, temperature, top_p, stop_tokens,
-    *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None,
+    *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None, group=1, prompt_layout=None,
 ):
+    """``prompt`` holds each distinct prompt once: row ``i`` of it is sampled by rows
+    ``i * group .. (i + 1) * group - 1`` (``prompt_layout``: where those rows live)."""
     model = nnx.merge(graphdef, params)
-    B, P = prompt.shape
-    key_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((B, gen_len), bool)], axis=1)
-    cache = model.init_cache(B, P + gen_len)
+    U, P = prompt.shape
+    key_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((U, gen_len), bool)], axis=1)
+    cache = model.init_cache(U, P + gen_len)
     if layout is not None:
         # Created inside the jit, the cache has no layout of its own: give it the state's
         # before the prompt is written into it.
-        cache = layout.pin_cache(cache)
+        cache = (prompt_layout or layout).pin_cache(cache)
     hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0)
     logits = model.logits(hidden[:, -1])  # left-padded: the last column is every row's last token
+    if group > 1:
+        rows = functools.partial(jnp.repeat, repeats=group, axis=0)
+        cache = type(cache)(tuple(map(rows, cache.keys)), tuple(map(rows, cache.values)))
+        logits, key_mask, prompt_mask = rows(logits), rows(key_mask), rows(prompt_mask)
+    B = U * group
     uniforms = _uniforms(key, sample_ids, gen_len)
     state = DecodeState(
         cache=cache,
@@ -351,19 +372,23 @@ class Sampler:
             "pad_id": self.pad_id,
         }
         layout = self.layout(B)
+        group = _prompt_group(ids, mask)
+        prompt_layout = None if layout is None or group == 1 else self.layout(B // group)
         temperature = np.float32(1.0 if sampling.greedy else sampling.temperature)
         top_p = np.float32(sampling.top_p)
         stop = np.asarray(sampling.stop_tokens or (-1,), np.int32)  # -1 never matches a token
-        rows = (ids, mask, np.asarray(sample_ids, np.uint32))
+        prompts = (ids[::group], mask[::group])
+        sample_ids = np.asarray(sample_ids, np.uint32)
         shared = (key, temperature, top_p, stop, np.int32(sampling.max_new_tokens))
         if layout is None:
-            rows, shared = jax.device_put(rows), jax.device_put(shared)
+            prompts, sample_ids, shared = jax.device_put((prompts, sample_ids, shared))
         else:
-            rows, shared = jax.device_put(rows, layout.rows), jax.device_put(shared, layout.replicated)
-        (ids, mask, sample_ids), (key, temperature, top_p, stop, max_new) = rows, shared
+            prompts = jax.device_put(prompts, (prompt_layout or layout).rows)
+            sample_ids, shared = jax.device_put(sample_ids, layout.rows), jax.device_put(shared, layout.replicated)
+        (ids, mask), (key, temperature, top_p, stop, max_new) = prompts, shared
         state = _prefill(
             self.graphdef, self.params, ids, mask, key, sample_ids, temperature, top_p, stop,
-            gen_len=N_b, layout=layout, **static,
+            gen_len=N_b, layout=layout, group=group, prompt_layout=prompt_layout, **static,
         )
         state = _decode(
             self.graphdef, self.params, state, max_new, temperature, top_p, stop,
