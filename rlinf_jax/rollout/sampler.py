@@ -255,8 +255,9 @@ def _prefill(
         # Created inside the jit, the cache has no layout of its own: give it the state's
         # before the prompt is written into it.
         cache = (prompt_layout or layout).pin_cache(cache)
-    hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0)
-    logits = model.logits(hidden[:, -1])  # left-padded: the last column is every row's last token
+    # Left-padded: the last column is every row's last token, the only one whose logits are read.
+    hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0, output_cols=(P - 1, 1))
+    logits = model.logits(hidden[:, 0])
     if group > 1:
         rows = functools.partial(jnp.repeat, repeats=group, axis=0)
         cache = type(cache)(tuple(map(rows, cache.keys)), tuple(map(rows, cache.values)))

@@ -55,11 +55,14 @@ def _shared_prompt_hidden(model: CausalLM, prompt_ids, mask, tokens, group: int)
     cache = model.init_cache(B // group, mask.shape[1])
     # The prompt's queries see only earlier slots, so the first row's response mask, which
     # the group's prefill carries along, never reaches them.
-    prompt_h, cache = model.hidden_states(prompt_ids[::group], mask[::group], cache=cache, cache_index=0)
+    # Only the prompt's last column is scored: the last layer's queries and MLP run there alone.
+    prompt_h, cache = model.hidden_states(
+        prompt_ids[::group], mask[::group], cache=cache, cache_index=0, output_cols=(P - 1, 1)
+    )
     shared = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
     cache = type(cache)(tuple(map(shared, cache.keys)), tuple(map(shared, cache.values)))
     response_h, _ = model.hidden_states(tokens[:, :-1], mask, cache=cache, cache_index=P)
-    return jnp.concatenate([shared(prompt_h[:, -1:]), response_h], axis=1)
+    return jnp.concatenate([shared(prompt_h), response_h], axis=1)
 
 
 def token_logprobs(logits, tokens, temperature: float = 1.0):
