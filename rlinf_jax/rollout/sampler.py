@@ -10,9 +10,11 @@
   top-p on/off, greedy) and not per request.
 - Randomness is per sample: row ``i`` draws from ``fold_in(fold_in(key, sample_ids[i]), step)``.
   The same sample id gets the same draws whatever batch it is cut into.
-- Rows that repeat one prompt (a GRPO group: consecutive identical rows, every run of the
-  same length) are prefilled once per distinct prompt; the filled cache is then repeated
-  to every row of the run. Same numbers, the prefill's work divided by the group size.
+- ``generate(..., group=G)``: rows come in runs of ``G`` consecutive copies of one prompt
+  (a GRPO group). Each distinct prompt is prefilled once and the filled cache repeated to
+  the rows of its run: same numbers, the prefill's work divided by ``G``. The caller names
+  ``G`` (it is static: guessing it from the rows would recompile whenever two neighbouring
+  groups happened to hold the same prompt).
 - Sampling uses one uniform per row and step and inverts the CDF of the (filtered)
   distribution; exact like the Gumbel trick, but with ``B`` random numbers a step instead
   of ``B * vocab``, which matters on CPU.
@@ -227,15 +229,6 @@ def _uniforms(key, sample_ids, steps: int) -> jax.Array:
     return jax.vmap(row)(sample_ids)
 
 
-def _prompt_group(ids: np.ndarray, mask: np.ndarray) -> int:
-    """Rows per run of identical consecutive prompts, when every run has the same length
-    (else 1)."""
-    same = np.all(ids[1:] == ids[:-1], axis=1) & np.all(mask[1:] == mask[:-1], axis=1)
-    starts = np.flatnonzero(np.concatenate([[True], ~same]))
-    runs = np.diff(np.append(starts, len(ids)))
-    return int(runs[0]) if np.all(runs == runs[0]) else 1
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout", "group",
@@ -339,12 +332,15 @@ class Sampler:
             return None
         return Layout.for_batch(self.mesh, batch, self.num_kv_heads, self.rules)
 
-    def generate(self, prompt_ids, prompt_mask, key, sampling: SamplingParams, sample_ids=None) -> SampleOutput:
+    def generate(
+        self, prompt_ids, prompt_mask, key, sampling: SamplingParams, sample_ids=None, group: int = 1
+    ) -> SampleOutput:
         """Sample ``sampling.max_new_tokens`` tokens after each prompt.
 
         ``prompt_ids`` / ``prompt_mask`` are ``[B, P]`` and left-padded (every row's last
         column is a real token). ``sample_ids [B]`` name each row's random stream (default
-        ``0..B-1``); ``key`` is the run's key.
+        ``0..B-1``); ``key`` is the run's key. ``group``: rows ``i * group .. (i + 1) * group - 1``
+        hold one prompt, prefilled once for them all.
         """
         prompt_ids = np.asarray(prompt_ids)
         prompt_mask = np.asarray(prompt_mask).astype(bool)
@@ -373,7 +369,11 @@ class Sampler:
             "pad_id": self.pad_id,
         }
         layout = self.layout(B)
-        group = _prompt_group(ids, mask)
+        if group < 1 or B % group:
+            raise BadInput(f"group={group} must be >= 1 and divide the {B} rows")
+        runs = ids.reshape(B // group, group, -1), mask.reshape(B // group, group, -1)
+        if any((x != x[:, :1]).any() for x in runs):
+            raise BadInput(f"group={group}: rows are not runs of {group} copies of one prompt")
         prompt_layout = None if layout is None or group == 1 else self.layout(B // group)
         temperature = np.float32(1.0 if sampling.greedy else sampling.temperature)
         top_p = np.float32(sampling.top_p)
