@@ -109,7 +109,8 @@ def run_ours(args) -> dict:
         f"rollout.max_new_tokens={args.new_tokens}", "rollout.temperature=1.0",
         f"actor.global_batch_size={args.prompts_per_step * args.generations}",
         f"actor.micro_batch_size={args.prompts_per_step * args.generations}",
-        f"actor.optim.lr={args.lr}", "algorithm.clip_low=0.2", "algorithm.clip_high=0.2", "algorithm.kl_coef=0.0",
+        f"actor.optim.lr={args.lr}", "actor.optim.lr_schedule=constant", "algorithm.clip_low=0.2",
+        "algorithm.clip_high=0.2", "algorithm.kl_coef=0.0",
         "algorithm.loss_agg=token-mean", "algorithm.update_epochs=1", "reward.num_workers=0",
         "cluster.num_devices=1",
     ])

@@ -63,6 +63,30 @@ def test_policy_logprobs_equal_each_row_alone_and_the_samplers(tmp_path):
     np.testing.assert_allclose(batch["sampler_logp"][m], logp[m], atol=2e-4)
 
 
+def test_shared_prompts_give_the_per_row_logprobs_and_gradients(tmp_path):
+    # group_size 4, one mini-batch: the update runs each prompt once per group.
+    t = trainer(tmp_path)
+    assert t.update_spec.prompt_group == 4
+    batch, _ = t.collector.batch(jax.random.PRNGKey(3))
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    np.testing.assert_array_equal(batch["prompt_ids"][::4].repeat(4, axis=0), batch["prompt_ids"])
+    graphdef, params = t.lm.graphdef, t._init_params["policy"]
+    m = batch["response_mask"]
+
+    def loss(p, group):
+        logp, entropy = policy_logprobs(nnx.merge(graphdef, p), batch, 1.0, group)
+        return jnp.sum((logp + 0.1 * entropy) * m) / jnp.sum(m), (logp, entropy)
+
+    (_, (lp1, e1)), g1 = jax.value_and_grad(loss, has_aux=True)(params, 1)
+    (_, (lp4, e4)), g4 = jax.value_and_grad(loss, has_aux=True)(params, 4)
+    np.testing.assert_allclose(np.asarray(lp4)[m > 0], np.asarray(lp1)[m > 0], atol=2e-6)
+    np.testing.assert_allclose(np.asarray(e4)[m > 0], np.asarray(e1)[m > 0], atol=2e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g4)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(a))))
+    # Shuffled mini-batches break the groups apart: every row then runs its own prompt.
+    assert trainer(tmp_path, "actor.global_batch_size=8").update_spec.prompt_group == 1
+
+
 def _fixed_batch(t, seed=0):
     """A rollout batch with rewards set by hand (two levels per group, one all-equal group)."""
     batch, _ = t.collector.batch(jax.random.PRNGKey(seed))

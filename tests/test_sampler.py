@@ -125,6 +125,22 @@ def test_rows_do_not_depend_on_how_the_batch_is_cut(qwen3):
     assert (np.asarray(other_key.tokens) != np.asarray(part.tokens)).any()
 
 
+def test_a_group_of_one_prompt_is_prefilled_once_and_samples_as_rows_alone(qwen3):
+    model, _ = qwen3
+    ids, mask = left_padded(seed=5, batch=3, length=10, pads=(0, 4, 2))
+    ids, mask = np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0)  # 3 prompts x 4 samples
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    sampler = Sampler(model)
+    grouped = sampler.generate(ids, mask, jax.random.key(2), params, group=4)
+    per_row = sampler.generate(ids, mask, jax.random.key(2), params)
+    np.testing.assert_array_equal(np.asarray(grouped.tokens), np.asarray(per_row.tokens))
+    np.testing.assert_allclose(np.asarray(grouped.logprobs), np.asarray(per_row.logprobs), atol=1e-5)
+    assert len(set(map(tuple, np.asarray(grouped.tokens).tolist()))) > 3  # the rows of a group differ
+    for bad in (5, 3):  # does not divide the rows; rows 0-2 and 3-5 are not one prompt each
+        with pytest.raises(BadInput, match="group"):
+            sampler.generate(ids, mask, jax.random.key(2), params, group=bad)
+
+
 def reference_distribution(logits, temperature, top_k, top_p):
     """Hand formula: temper, keep the top-k, then the smallest prefix with mass >= top_p."""
     z = logits / temperature

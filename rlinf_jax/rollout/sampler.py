@@ -10,6 +10,11 @@
   top-p on/off, greedy) and not per request.
 - Randomness is per sample: row ``i`` draws from ``fold_in(fold_in(key, sample_ids[i]), step)``.
   The same sample id gets the same draws whatever batch it is cut into.
+- ``generate(..., group=G)``: rows come in runs of ``G`` consecutive copies of one prompt
+  (a GRPO group). Each distinct prompt is prefilled once and the filled cache repeated to
+  the rows of its run: same numbers, the prefill's work divided by ``G``. The caller names
+  ``G`` (it is static: guessing it from the rows would recompile whenever two neighbouring
+  groups happened to hold the same prompt).
 - Sampling uses one uniform per row and step and inverts the CDF of the (filtered)
   distribution; exact like the Gumbel trick, but with ``B`` random numbers a step instead
   of ``B * vocab``, which matters on CPU.
@@ -225,22 +230,32 @@ def _uniforms(key, sample_ids, steps: int) -> jax.Array:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout")
+    jax.jit,
+    static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout", "group",
+                     "prompt_layout"),
 )
 def _prefill(
     graphdef, params, prompt, prompt_mask, key, sample_ids, temperature, top_p, stop_tokens,
-    *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None,
+    *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None, group=1, prompt_layout=None,
 ):
+    """``prompt`` holds each distinct prompt once: row ``i`` of it is sampled by rows
+    ``i * group .. (i + 1) * group - 1`` (``prompt_layout``: where those rows live)."""
     model = nnx.merge(graphdef, params)
-    B, P = prompt.shape
-    key_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((B, gen_len), bool)], axis=1)
-    cache = model.init_cache(B, P + gen_len)
+    U, P = prompt.shape
+    key_mask = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((U, gen_len), bool)], axis=1)
+    cache = model.init_cache(U, P + gen_len)
     if layout is not None:
         # Created inside the jit, the cache has no layout of its own: give it the state's
         # before the prompt is written into it.
-        cache = layout.pin_cache(cache)
-    hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0)
-    logits = model.logits(hidden[:, -1])  # left-padded: the last column is every row's last token
+        cache = (prompt_layout or layout).pin_cache(cache)
+    # Left-padded: the last column is every row's last token, the only one whose logits are read.
+    hidden, cache = model.hidden_states(prompt, key_mask, cache=cache, cache_index=0, output_cols=(P - 1, 1))
+    logits = model.logits(hidden[:, 0])
+    if group > 1:
+        rows = functools.partial(jnp.repeat, repeats=group, axis=0)
+        cache = type(cache)(tuple(map(rows, cache.keys)), tuple(map(rows, cache.values)))
+        logits, key_mask, prompt_mask = rows(logits), rows(key_mask), rows(prompt_mask)
+    B = U * group
     uniforms = _uniforms(key, sample_ids, gen_len)
     state = DecodeState(
         cache=cache,
@@ -317,12 +332,15 @@ class Sampler:
             return None
         return Layout.for_batch(self.mesh, batch, self.num_kv_heads, self.rules)
 
-    def generate(self, prompt_ids, prompt_mask, key, sampling: SamplingParams, sample_ids=None) -> SampleOutput:
+    def generate(
+        self, prompt_ids, prompt_mask, key, sampling: SamplingParams, sample_ids=None, group: int = 1
+    ) -> SampleOutput:
         """Sample ``sampling.max_new_tokens`` tokens after each prompt.
 
         ``prompt_ids`` / ``prompt_mask`` are ``[B, P]`` and left-padded (every row's last
         column is a real token). ``sample_ids [B]`` name each row's random stream (default
-        ``0..B-1``); ``key`` is the run's key.
+        ``0..B-1``); ``key`` is the run's key. ``group``: rows ``i * group .. (i + 1) * group - 1``
+        hold one prompt, prefilled once for them all.
         """
         prompt_ids = np.asarray(prompt_ids)
         prompt_mask = np.asarray(prompt_mask).astype(bool)
@@ -351,19 +369,27 @@ class Sampler:
             "pad_id": self.pad_id,
         }
         layout = self.layout(B)
+        if group < 1 or B % group:
+            raise BadInput(f"group={group} must be >= 1 and divide the {B} rows")
+        runs = ids.reshape(B // group, group, -1), mask.reshape(B // group, group, -1)
+        if any((x != x[:, :1]).any() for x in runs):
+            raise BadInput(f"group={group}: rows are not runs of {group} copies of one prompt")
+        prompt_layout = None if layout is None or group == 1 else self.layout(B // group)
         temperature = np.float32(1.0 if sampling.greedy else sampling.temperature)
         top_p = np.float32(sampling.top_p)
         stop = np.asarray(sampling.stop_tokens or (-1,), np.int32)  # -1 never matches a token
-        rows = (ids, mask, np.asarray(sample_ids, np.uint32))
+        prompts = (ids[::group], mask[::group])
+        sample_ids = np.asarray(sample_ids, np.uint32)
         shared = (key, temperature, top_p, stop, np.int32(sampling.max_new_tokens))
         if layout is None:
-            rows, shared = jax.device_put(rows), jax.device_put(shared)
+            prompts, sample_ids, shared = jax.device_put((prompts, sample_ids, shared))
         else:
-            rows, shared = jax.device_put(rows, layout.rows), jax.device_put(shared, layout.replicated)
-        (ids, mask, sample_ids), (key, temperature, top_p, stop, max_new) = rows, shared
+            prompts = jax.device_put(prompts, (prompt_layout or layout).rows)
+            sample_ids, shared = jax.device_put(sample_ids, layout.rows), jax.device_put(shared, layout.replicated)
+        (ids, mask), (key, temperature, top_p, stop, max_new) = prompts, shared
         state = _prefill(
             self.graphdef, self.params, ids, mask, key, sample_ids, temperature, top_p, stop,
-            gen_len=N_b, layout=layout, **static,
+            gen_len=N_b, layout=layout, group=group, prompt_layout=prompt_layout, **static,
         )
         state = _decode(
             self.graphdef, self.params, state, max_new, temperature, top_p, stop,

@@ -5,6 +5,12 @@ Sequences are laid out as ``[prompt | response]``: the prompt left-padded to a w
 ``j`` sits at column ``P + j`` and is predicted by the hidden state at ``P + j - 1``, so the
 logits (and the value head) only ever run on the ``N`` columns ``P - 1 .. P + N - 2``: for a
 150k vocabulary the output projection of the prompt would be most of the work.
+
+A GRPO batch samples each prompt ``group`` times, in consecutive rows. With ``group > 1`` the
+prompt columns run through the model once per prompt rather than once per row: their keys
+and values are computed for the distinct prompts and shared by the rows of the group (the
+decode path's KV cache, written by a prefill), and only the response columns run per row.
+The same numbers up to float rounding; the prompt's share of the work drops by ``group``.
 """
 
 from __future__ import annotations
@@ -16,17 +22,47 @@ from rlinf_jax.policies.lm.model import CausalLM
 from rlinf_jax.policies.lm.value import ValueModel
 
 
-def response_hidden(model: CausalLM, prompt_ids, prompt_mask, tokens, response_mask):
+def response_hidden(model: CausalLM, prompt_ids, prompt_mask, tokens, response_mask, group: int = 1):
     """Final hidden states ``[B, N, embed]`` at the columns that predict each response token.
 
     Column ``P - 1 + t`` predicts response token ``t``. The last response token predicts
     nothing scored and, by causality, no scored column sees it, so it is left out of the
     input; the model's last layer runs only on the ``N`` scored columns (``output_cols``).
+
+    ``group > 1``: rows ``g * group .. (g + 1) * group - 1`` share one prompt (the caller
+    guarantees it), which then runs once per group (see the module's docstring).
     """
     P, N = prompt_ids.shape[1], tokens.shape[1]
-    ids = jnp.concatenate([prompt_ids, tokens[:, :-1]], axis=1)
     mask = jnp.concatenate([prompt_mask, response_mask[:, :-1]], axis=1).astype(jnp.int32)
+    if group > 1 and N > 1:
+        return _shared_prompt_hidden(model, prompt_ids, mask, tokens, group)
+    ids = jnp.concatenate([prompt_ids, tokens[:, :-1]], axis=1)
     return model.hidden_states(ids, mask, output_cols=(P - 1, N))
+
+
+def _shared_prompt_hidden(model: CausalLM, prompt_ids, mask, tokens, group: int):
+    """`response_hidden` with the prompt run once per group of rows: a prefill of the
+    distinct prompts into a KV cache, the cache repeated to every row of its group, then
+    the response columns on top of it. ``mask [B, P + N - 1]`` covers both parts.
+
+    Positions and visibility are the ones of the single pass: the cache path counts real
+    tokens over the same mask, and its slots past a query are masked as future. Gradients
+    reach the shared prompt columns summed over the group, through the repeat.
+    """
+    B, P = prompt_ids.shape
+    if B % group:
+        raise ValueError(f"{B} rows do not split into groups of {group}")
+    cache = model.init_cache(B // group, mask.shape[1])
+    # The prompt's queries see only earlier slots, so the first row's response mask, which
+    # the group's prefill carries along, never reaches them.
+    # Only the prompt's last column is scored: the last layer's queries and MLP run there alone.
+    prompt_h, cache = model.hidden_states(
+        prompt_ids[::group], mask[::group], cache=cache, cache_index=0, output_cols=(P - 1, 1)
+    )
+    shared = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
+    cache = type(cache)(tuple(map(shared, cache.keys)), tuple(map(shared, cache.values)))
+    response_h, _ = model.hidden_states(tokens[:, :-1], mask, cache=cache, cache_index=P)
+    return jnp.concatenate([shared(prompt_h), response_h], axis=1)
 
 
 def token_logprobs(logits, tokens, temperature: float = 1.0):
@@ -49,9 +85,10 @@ def attended(batch: dict):
     return batch.get("response_valid", batch["response_mask"])
 
 
-def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0):
-    """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``."""
-    h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch))
+def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0, group: int = 1):
+    """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``
+    (``group``: see `response_hidden`)."""
+    h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch), group)
     return token_logprobs(model.logits(h), batch["tokens"], temperature)
 
 

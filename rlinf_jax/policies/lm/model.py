@@ -105,10 +105,12 @@ class CausalLM(nnx.Module):
     ):
         """Final-norm hidden states ``[B, T, embed]`` (and the new cache when ``cache`` is given).
 
-        ``output_cols = (start, n)`` (no cache) returns only columns ``start .. start + n - 1``,
+        ``output_cols = (start, n)`` returns only columns ``start .. start + n - 1``,
         ``[B, n, embed]``: the last layer then runs its queries, output projection and MLP on
         those columns alone (every earlier layer is still needed at all columns, for keys and
-        values). A trainer that scores only the response saves the last layer's prompt work.
+        values). A trainer that scores only the response saves the last layer's prompt work;
+        a prefill that reads only the last column (into a cache, whose keys and values are
+        still written for every column) saves the rest of that layer.
 
         Without a cache, ``attention_mask`` is ``[B, T]`` (1 = real token). With a cache it
         covers every cache slot, ``[B, S]``, and the ``T`` new tokens go to slots
@@ -154,8 +156,6 @@ class CausalLM(nnx.Module):
         else:
             h = inputs_embeds.reshape(B * T, -1).astype(self.dtype)
         if output_cols is not None:
-            if cache is not None:
-                raise ValueError("output_cols is for cache-free (training) calls")
             output_cols = (int(output_cols[0]), int(output_cols[1]))
             if output_cols[0] < 0 or output_cols[1] < 1 or sum(output_cols) > T:
                 raise ValueError(f"output_cols={output_cols} must lie inside the {T} input columns")

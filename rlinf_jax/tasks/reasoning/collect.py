@@ -47,7 +47,8 @@ class Collector:
         ids, mask = self.encoder.pad(seqs)
         ids, mask = np.repeat(ids, self.group, axis=0), np.repeat(mask, self.group, axis=0)
         t0 = time.perf_counter()
-        out = self.sampler.generate(ids, mask, key, self.sampling, sample_ids=np.arange(self.samples, dtype=np.uint32))
+        out = self.sampler.generate(ids, mask, key, self.sampling, sample_ids=np.arange(self.samples, dtype=np.uint32),
+                                    group=self.group)
         tokens, rmask, logp, lengths = (np.asarray(x) for x in fetch((out.tokens, out.mask, out.logprobs, out.lengths)))
         t1 = time.perf_counter()
         texts = decode_responses(self.tokenizer, tokens, rmask)

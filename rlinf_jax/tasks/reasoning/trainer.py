@@ -101,7 +101,8 @@ class ReasoningTrainer(LMTrainer):
             layout = NamedSharding(actor_mesh, PartitionSpec(None, None, batch_axes(actor_mesh)))
         u = self.update_spec = rl.RLUpdate.of(cfg, lm.graphdef, value_graphdef, self.lora, self.tx, schedule, self.samples, layout)
         self._update = jax.jit(functools.partial(rl.update, u), donate_argnums=0, out_shardings=(self._state_shardings(), None))
-        self._ref_logprobs = jax.jit(functools.partial(rl.reference_logprobs, lm.graphdef, u.temperature, self.micro))
+        self._ref_logprobs = jax.jit(functools.partial(rl.reference_logprobs, lm.graphdef, u.temperature, self.micro,
+                                                      u.prompt_group))
         self._merged_policy = jax.jit(functools.partial(policy_weights, self.lora))
 
         ro = cfg.rollout

@@ -8,6 +8,12 @@ the whole mini-batch, whatever the micro-batch size. With one epoch and one mini
 the update is exactly on-policy and the old log-probs are the current ones (no extra
 forward pass); otherwise they are recomputed with the pre-update parameters.
 
+The rollout samples each prompt ``group_size`` times in consecutive rows. When every
+micro-batch holds whole groups (one mini-batch, so the rows are never shuffled, and a
+micro-batch size the group size divides) the log-probs run each prompt once per group
+(``prompt_group``, see `rlinf_jax.policies.lm.logprobs`): same numbers up to float
+rounding, the prompt's share of the forward and backward work divided by the group size.
+
 Advantages by ``algorithm.adv_type``: group estimators (grpo, dr_grpo, rloo) give one value
 per response, spread over its tokens; reinforce_pp / reinforce_pp_baseline work on token
 rewards (the outcome on the last token, minus ``kl_coef * KL`` per token with
@@ -61,6 +67,8 @@ class RLUpdate:
     layout: Any = None
     # Multi-turn batches (agent.enabled): grpo_dynamic's "trajectory" or "turn" mode.
     turn_mode: str = "trajectory"
+    # Rows per shared prompt in every micro-batch (1: each row runs its own prompt).
+    prompt_group: int = 1
 
     @property
     def n_micro(self) -> int:
@@ -72,6 +80,10 @@ class RLUpdate:
         mini, micro = cfg.actor.global_batch_size, cfg.actor.micro_batch_size
         n_mini = samples // mini
         t = cfg.rollout.temperature
+        g = a.group_size
+        # Multi-turn rows carry observations after the prompt, and shuffled mini-batches
+        # break the groups apart: those run every row's prompt.
+        shared = g > 1 and not cfg.agent.enabled and n_mini == 1 and micro % g == 0
         return cls(
             graphdef=graphdef,
             value_graphdef=value_graphdef,
@@ -88,13 +100,14 @@ class RLUpdate:
             recompute_old=a.update_epochs > 1 or n_mini > 1 or a.loss_type == "decoupled_ppo",
             layout=layout,
             turn_mode=cfg.agent.advantage_mode,
+            prompt_group=g if shared else 1,
         )
 
 
-def reference_logprobs(graphdef, temperature: float, micro: int, ref_params, batch: dict):
+def reference_logprobs(graphdef, temperature: float, micro: int, group: int, ref_params, batch: dict):
     """Log-probs ``[S, N]`` of the responses under the reference model."""
     model = nnx.merge(graphdef, ref_params)
-    return chunked(lambda mb: policy_logprobs(model, mb, temperature)[0], batch, micro)
+    return chunked(lambda mb: policy_logprobs(model, mb, temperature, group)[0], batch, micro)
 
 
 def advantages(u: RLUpdate, params, batch: dict) -> dict:
@@ -104,7 +117,7 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
     out = {}
     if u.recompute_old:
         model = nnx.merge(u.graphdef, policy_weights(u.lora, params))
-        fn = lambda mb: policy_logprobs(model, mb, u.temperature)[0]  # noqa: E731
+        fn = lambda mb: policy_logprobs(model, mb, u.temperature, u.prompt_group)[0]  # noqa: E731
         out["old_logp"] = jax.lax.stop_gradient(chunked(fn, batch, u.micro))
     rewards = batch["rewards"]
     kl_tokens = None
@@ -159,7 +172,7 @@ def micro_loss(u: RLUpdate, params, mb: dict, totals: dict):
     share = jnp.sum(m) / jnp.maximum(totals["tokens"], 1.0)  # weight of this micro-batch's token metrics
 
     model = nnx.merge(u.graphdef, policy_weights(u.lora, params))
-    logp, entropy = policy_logprobs(model, mb, u.temperature)
+    logp, entropy = policy_logprobs(model, mb, u.temperature, u.prompt_group)
     old = mb["old_logp"] if u.recompute_old else jax.lax.stop_gradient(logp)
     adv = mb["advantages"]
     dual = a.dual_clip if a.dual_clip > 0 else None
