@@ -49,12 +49,12 @@ DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "pro
 # needed on one path only (each such import carries a comment saying which).
 OPTIONAL = {
     "brax", "mujoco_playground", "torch", "transformers", "ray", "reasoning_gym", "math_verify",
-    "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium", "bm25s",
+    "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium", "bm25s", "skyrl_gym", "robosuite",
 }
 # Scripts run as worker processes under any interpreter (env.worker_python): the standard
 # library, numpy and the simulator only; never JAX, never the package itself.
 WORKER_SCRIPTS = {"rlinf_jax.envs.host.worker"}
-WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium"}
+WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium", "robosuite"}
 
 
 def _modules() -> dict[str, Path]:

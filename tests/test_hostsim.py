@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -321,3 +322,79 @@ def test_metaworld_in_its_own_worker_environment():
     assert len({tuple(r) for r in first}) == 4  # goals drawn per env seed
     np.testing.assert_array_equal(run["done"][19], 1)  # the 20-step time limit
     np.testing.assert_array_equal(run["truncated"][19], 1)
+
+
+ROBOSUITE_DIRECT = """
+import json, sys
+import numpy as np
+import robosuite
+from robosuite.wrappers import GymWrapper
+seeds, actions = json.loads(sys.argv[1])
+out = []
+for env_index, seed in enumerate(seeds):
+    # robosuite stepped alone (no worker, no shared memory, no time limit of ours), its
+    # generator put in the state the worker's seeded reset puts it in.
+    env = GymWrapper(robosuite.make("Lift", robots="Panda", has_renderer=False, has_offscreen_renderer=False,
+                                    use_camera_obs=False, reward_shaping=True, control_freq=20, ignore_done=True,
+                                    horizon=1000))
+    env.env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+    np.random.seed(seed % 2**32)
+    obs, _ = env.reset()
+    rows = [obs.tolist()]
+    for a in actions:
+        obs, reward, *_ = env.step(np.asarray(a[env_index]))
+        rows.append(obs.tolist() + [reward])
+    out.append(rows)
+print(json.dumps(out))
+"""
+
+
+def test_robosuite_lift_in_its_own_worker_environment():
+    """robosuite 1.5.2 fails with mujoco 4: its workers run under the interpreter
+    `python -m rlinf_jax.envs.install robosuite` recorded. Seeded episodes, stepped by the
+    workers as robosuite steps alone, ended by our time limit; success is reported."""
+    from rlinf_jax.envs.host.worker import episode_seed
+    from rlinf_jax.envs.install import recorded_python
+
+    try:
+        python = recorded_python("robosuite")
+    except BadInput as e:
+        pytest.skip(str(e))
+    spec = describe(HostEnvSpec("robosuite:Lift", episode_length=6, python=python, reset_mode="fresh"))
+    assert (spec.observation_size, spec.action_size, spec.has_success) == (60, 7, True)
+    actions = _actions(8, 4, 7, seed=2)
+    first, run = _host_run(spec, actions, num_workers=2, seed=3)
+    assert len({tuple(r) for r in first}) == 4  # cube positions drawn per env seed
+    again, rerun = _host_run(spec, actions, num_workers=1, seed=3)  # whatever the number of workers
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_allclose(run["obs"], rerun["obs"], atol=1e-6)
+    np.testing.assert_array_equal(run["done"][5], 1)  # our 6-step limit, as a truncation
+    np.testing.assert_array_equal(run["truncated"][5], 1)
+    seeds = [episode_seed(3, g, 0) for g in range(4)]
+    direct = subprocess.run([python, "-c", ROBOSUITE_DIRECT, json.dumps([seeds, actions[:5].tolist()])],
+                            capture_output=True, text=True, check=True)
+    ref = np.asarray(json.loads(direct.stdout.strip().splitlines()[-1]), dtype=object)
+    for g in range(4):
+        np.testing.assert_allclose(first[g], ref[g][0], atol=1e-5)
+        for t in range(5):
+            np.testing.assert_allclose(run["obs"][t, g], ref[g][t + 1][:-1], atol=1e-4)
+            assert run["reward"][t, g] == pytest.approx(ref[g][t + 1][-1], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_ppo_robosuite_lift_runs_on_tiny_settings(tmp_path):
+    from rlinf_jax.envs.install import recorded_python
+    from rlinf_jax.runtime import read_metrics
+    from rlinf_jax.train import main
+
+    try:
+        recorded_python("robosuite")
+    except BadInput as e:
+        pytest.skip(str(e))
+    assert main(["--config-name", "ppo_robosuite_lift", "env.num_envs=4", "env.num_workers=2", "env.num_eval_envs=2",
+                 "env.episode_length=20", "algorithm.rollout_length=8", "runner.max_steps=2",
+                 "runner.eval_interval=2", "runner.progress_bar=false", "runner.tensorboard=false",
+                 f"runner.output_dir={tmp_path}"]) == 0
+    last = read_metrics(tmp_path / "ppo_robosuite_lift")[-1]
+    assert last["step"] == 2 and np.isfinite(last["train/total_loss"])
+    assert "eval/success" in last and 0.0 <= last["eval/success"] <= 1.0

@@ -6,6 +6,7 @@ from typing import Callable
 
 from rlinf_jax.agents.config import AgentConfig
 from rlinf_jax.agents.env import TextEnv, ToolEnv
+from rlinf_jax.agents.skyrl import SkyRLTextEnv, check_env_id
 from rlinf_jax.agents.tools import ToolExecutor, executor_from_config
 
 
@@ -25,7 +26,5 @@ def env_factory(cfg: AgentConfig, executor: ToolExecutor | None) -> Callable[[],
         if executor is None:
             raise ValueError("agent.env=tools needs the tool executor")
         return lambda: ToolEnv(executor, cfg.max_turns)
-    from rlinf_jax.agents.skyrl import SkyRLTextEnv, check_env_id
-
     check_env_id(cfg.skyrl_env)
     return lambda: SkyRLTextEnv(cfg.skyrl_env, cfg.max_turns, cfg.skyrl_env_config)

@@ -32,7 +32,7 @@ INSTALL_HINT = 'pip install "rlinf-jax[skyrl]" (or pip install skyrl-gym)'
 def skyrl_gym():
     """The ``skyrl_gym`` module, or a one-line error naming the install command."""
     try:
-        import skyrl_gym
+        import skyrl_gym  # optional extra (skyrl): only where agent.env=skyrl
     except ImportError as e:  # an optional extra
         raise BadInput(f"agent.env=skyrl needs skyrl-gym, which is not installed: {INSTALL_HINT}") from e
     return skyrl_gym

@@ -19,10 +19,11 @@ from pathlib import Path
 from rlinf_jax.errors import BadInput
 
 # Simulator -> the requirements of its worker environment. MetaWorld 3.1.1 pins
-# mujoco==3.3.0 and imports packaging without declaring it. (robosuite 1.5.2, which
-# needs mujoco 3.3.7, joins once its worker adapter exists: docs/simulators.md.)
+# mujoco==3.3.0 and imports packaging without declaring it. robosuite 1.5.2 declares no
+# mujoco pin but fails with mujoco 4, and its wrappers import h5py and gymnasium.
 SIMULATORS = {
     "metaworld": ["metaworld==3.1.1", "packaging", "gymnasium>=1.0"],
+    "robosuite": ["robosuite==1.5.2", "mujoco==3.3.7", "h5py", "gymnasium>=1.0"],
     "gym": ["gymnasium[mujoco]>=1.2"],
 }
 ROOT = Path("~/.cache/rlinf_jax/workers")

@@ -52,13 +52,52 @@ def episode_seed(seed: int, env_index: int, episode: int) -> int:
     return int(np.random.SeedSequence([seed, env_index, episode]).generate_state(1)[0])
 
 
+ROBOSUITE = "robosuite:"
+
+
 def make_env(env_id: str, kwargs: dict, max_base_steps: int):
     # The simulator is imported here, in the worker only: the parent needs none of it.
+    if env_id.startswith(ROBOSUITE):
+        return robosuite_env(env_id[len(ROBOSUITE) :], kwargs, max_base_steps)
     import gymnasium as gym
 
     # The time limit is ours (agent steps, TimeLimit's semantics); gymnasium's own is set
     # to exactly the base steps ours allows, so it never ends an episode earlier.
     return gym.make(env_id, max_episode_steps=max_base_steps, **kwargs)
+
+
+def robosuite_env(name: str, kwargs: dict, max_base_steps: int):
+    """robosuite's ``name`` (Lift, Stack, Door, PickPlace, ...) as a Gymnasium env with flat
+    state observations (robosuite's own ``GymWrapper``), seeded by ``reset(seed=...)`` and
+    reporting ``info["success"]``. ``kwargs`` go to ``robosuite.make`` over these defaults:
+    a Panda arm, no renderer and no camera, shaped rewards, 20 Hz control."""
+    import gymnasium as gym
+    import robosuite  # the simulator: only in robosuite's worker environment
+    from robosuite.wrappers import GymWrapper
+
+    settings = {"robots": "Panda", "has_renderer": False, "has_offscreen_renderer": False, "use_camera_obs": False,
+                "reward_shaping": True, "control_freq": 20, **kwargs}
+    # (robosuite's default hard_reset=True rebuilds the sim at every reset: slower, but with
+    # hard_reset=False two envs seeded alike start up to 1 mm apart.)
+    # The episode ends by our time limit, as a truncation: robosuite's own horizon would
+    # report it as a termination (and so cut the value bootstrap).
+    settings.update(ignore_done=True, horizon=max_base_steps + 1)
+    suite_env = robosuite.make(name, **settings)
+
+    class Seeded(gym.Wrapper):
+        def reset(self, *, seed=None, options=None):
+            if seed is not None:
+                # robosuite draws initial states from the Generator it was built with (its
+                # placement samplers hold that object): re-seed it in place.
+                suite_env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+                np.random.seed(seed % 2**32)
+            return self.env.reset()
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return obs, reward, terminated, truncated, {**info, "success": bool(suite_env._check_success())}
+
+    return Seeded(GymWrapper(suite_env))
 
 
 def describe(env) -> dict:
