@@ -23,8 +23,8 @@ TINY = [
 ]
 
 
-def run(tmp_path, name, *extra):
-    return main(["--config-name", "grpo_tool_calc", *TINY, f"runner.output_dir={tmp_path}",
+def run(tmp_path, name, *extra, recipe="grpo_tool_calc"):
+    return main(["--config-name", recipe, *TINY, f"runner.output_dir={tmp_path}",
                  f"runner.experiment_name={name}", *extra])
 
 
@@ -91,9 +91,8 @@ def test_bad_agent_settings_are_one_line_errors(tmp_path, capsys, extra, words):
 
 @pytest.mark.slow
 def test_search_recipe_runs_with_the_generated_collection(tmp_path):
-    assert main(["--config-name", "grpo_tool_search", *TINY, f"runner.output_dir={tmp_path}",
-                 "runner.experiment_name=search", "runner.max_steps=2", "runner.eval_interval=2",
-                 "agent.max_turns=2", "agent.max_turn_tokens=48", "agent.max_episode_tokens=128"]) == 0
+    assert run(tmp_path, "search", "runner.max_steps=2", "runner.eval_interval=2", "agent.max_turns=2",
+               "agent.max_turn_tokens=48", "agent.max_episode_tokens=128", recipe="grpo_tool_search") == 0
     last = read_metrics(tmp_path / "search")[-1]
     # The short warm start has learnt to search: calls go out and results come back.
     assert last["rollout/agent/tool_calls"] > 0.5 and last["rollout/agent/tokens_observed"] > 0

@@ -101,13 +101,11 @@ def test_rollout_episodes_replay_through_skyrl_itself():
 @pytest.mark.slow
 def test_a_grpo_run_on_a_skyrl_environment(tmp_path):
     from rlinf_jax.runtime import read_metrics
-    from rlinf_jax.train import main
 
-    from tests.test_agentic_flow import TINY
+    from tests.test_agentic_flow import run
 
-    assert main(["--config-name", "grpo_tool_calc", *TINY, f"runner.output_dir={tmp_path}",
-                 "runner.experiment_name=skyrl", "runner.max_steps=2", "runner.eval_interval=2",
-                 "sft.warm_start_steps=0", "agent.env=skyrl", "agent.skyrl_env=gsm8k_multi_turn"]) == 0
+    assert run(tmp_path, "skyrl", "runner.max_steps=2", "runner.eval_interval=2", "sft.warm_start_steps=0",
+               "agent.env=skyrl", "agent.skyrl_env=gsm8k_multi_turn") == 0
     last = read_metrics(tmp_path / "skyrl")[-1]
     # gsm8k_multi_turn answers every unfinished turn with an instruction: two turns, observed tokens.
     assert last["rollout/agent/turns"] == pytest.approx(2.0)

@@ -167,14 +167,15 @@ class MathTaskGenerator:
         return [self.example(i) for i in range(start, start + n)]
 
 
-class ProceduralMathDataset(Sequence):
-    """``size`` examples of a ``MathTaskGenerator``, as a random-access dataset."""
+class GeneratedDataset(Sequence):
+    """A random-access dataset of ``size`` examples, each a pure function of its index:
+    subclasses set ``size`` and define ``example(index)``; indexing, negative indices and
+    slices are this class's."""
 
-    def __init__(self, size: int, levels=(1,), split: str = "train", seed: int = 0, heldout_fraction: float = 0.2):
-        if size <= 0:
-            raise BadInput(f"procedural math dataset size {size} must be positive")
-        self.generator = MathTaskGenerator(levels, split, seed, heldout_fraction)
-        self.size = int(size)
+    size: int
+
+    def example(self, index: int) -> dict:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return self.size
@@ -187,4 +188,17 @@ class ProceduralMathDataset(Sequence):
             index += self.size
         if not 0 <= index < self.size:
             raise IndexError(index)
+        return self.example(index)
+
+
+class ProceduralMathDataset(GeneratedDataset):
+    """``size`` examples of a ``MathTaskGenerator``, as a random-access dataset."""
+
+    def __init__(self, size: int, levels=(1,), split: str = "train", seed: int = 0, heldout_fraction: float = 0.2):
+        if size <= 0:
+            raise BadInput(f"procedural math dataset size {size} must be positive")
+        self.generator = MathTaskGenerator(levels, split, seed, heldout_fraction)
+        self.size = int(size)
+
+    def example(self, index: int) -> dict:
         return self.generator.example(index)

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from rlinf_jax.data.math_tasks import SPLITS, heldout_bucket
+from rlinf_jax.data.math_tasks import SPLITS, GeneratedDataset, heldout_bucket
 from rlinf_jax.errors import BadInput
 
 FACTS_SEED = 0
@@ -64,7 +63,7 @@ def fact_documents(seed: int = FACTS_SEED) -> list[str]:
     return [fact_text(t, a, v) for t, facts in towns(seed) for a, v in facts.items()]
 
 
-class ToolSearchDataset(Sequence):
+class ToolSearchDataset(GeneratedDataset):
     """``size`` questions ``{"prompt", "answer", "target", "id"}`` of one split; ``seed``
     draws the questions, the towns are `towns()`'s. ``transcripts=False`` leaves ``target``
     out (SFT on the bare ``\\boxed{answer}``: the no-tool control)."""
@@ -77,9 +76,6 @@ class ToolSearchDataset(Sequence):
             raise BadInput(f"search task dataset size {size} must be positive")
         self.size, self.split, self.seed = int(size), split, int(seed)
         self.heldout_fraction, self.transcripts = float(heldout_fraction), bool(transcripts)
-
-    def __len__(self) -> int:
-        return self.size
 
     def example(self, index: int) -> dict:
         rng = np.random.default_rng([self.seed, 17, SPLITS[self.split], int(index)])
@@ -97,16 +93,6 @@ class ToolSearchDataset(Sequence):
                                  f"</result>\\boxed{{{value}}}")
             return rec
         raise RuntimeError(f"no {self.split} town in {_MAX_DRAWS} draws")  # pragma: no cover
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.size))]
-        index = int(index)
-        if index < 0:
-            index += self.size
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        return self.example(index)
 
 
 def main(argv=None) -> int:

@@ -22,11 +22,10 @@ writes; in a rollout they are observations, in SFT they are part of the target t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 
-from rlinf_jax.data.math_tasks import SPLITS, check_levels, heldout_bucket
+from rlinf_jax.data.math_tasks import SPLITS, GeneratedDataset, check_levels, heldout_bucket
 from rlinf_jax.errors import BadInput
 
 TOOL_LEVELS = {
@@ -75,7 +74,7 @@ def check_tool_levels(levels) -> tuple[int, ...]:
     return check_levels(levels, TOOL_LEVELS, "tool")
 
 
-class ToolTaskDataset(Sequence):
+class ToolTaskDataset(GeneratedDataset):
     """``size`` examples ``{"prompt", "answer", "target", "level", "id"}`` of one split.
 
     ``transcripts=False`` leaves ``target`` out (an SFT on it then learns the bare
@@ -92,9 +91,6 @@ class ToolTaskDataset(Sequence):
         self.size, self.split, self.seed = int(size), split, int(seed)
         self.heldout_fraction, self.transcripts = float(heldout_fraction), bool(transcripts)
 
-    def __len__(self) -> int:
-        return self.size
-
     def example(self, index: int) -> dict:
         rng = np.random.default_rng([self.seed, 7, SPLITS[self.split], int(index)])
         level = self.levels[int(rng.integers(len(self.levels)))]
@@ -108,13 +104,3 @@ class ToolTaskDataset(Sequence):
                     rec["target"] = p["target"]
                 return rec
         raise RuntimeError(f"no {self.split} tool problem of level {level} in {_MAX_DRAWS} draws")  # pragma: no cover
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.size))]
-        index = int(index)
-        if index < 0:
-            index += self.size
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        return self.example(index)
