@@ -4,8 +4,9 @@ Documents come from files the user points to: a folder of ``.txt`` / ``.md`` fil
 document per file) or a ``.jsonl`` file with a ``text`` field per line (``title`` optional).
 The index is ``bm25s`` (an optional extra, ``pip install rlinf-jax[agents]``), built on the
 first query in this process (or by the tool executor before its first timed call), and by a
-tool worker as it unpickles the tool (before the call's time limit starts), then kept; the index itself is never pickled. A query returns the ``top_k`` best documents, each cut
-to ``max_chars`` characters, so the observation stays inside the token budget.
+tool worker as it unpickles the tool (before the call's time limit starts), then kept; the
+index itself is never pickled. A query returns the ``top_k`` best documents, each cut to
+``max_chars`` characters, so the observation stays inside the token budget.
 """
 
 from __future__ import annotations
@@ -97,4 +98,4 @@ class SearchTool:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._index = self._build()
+        self.prepare()

@@ -33,7 +33,7 @@ def skyrl_gym():
     """The ``skyrl_gym`` module, or a one-line error naming the install command."""
     try:
         import skyrl_gym  # optional extra (skyrl): only where agent.env=skyrl
-    except ImportError as e:  # an optional extra
+    except ImportError as e:
         raise BadInput(f"agent.env=skyrl needs skyrl-gym, which is not installed: {INSTALL_HINT}") from e
     return skyrl_gym
 

@@ -103,8 +103,9 @@ def main(argv=None) -> int:
     if args.out.exists():
         print(f"error: {args.out} exists; choose a new file name", file=sys.stderr)
         return 2
-    args.out.write_text("".join(json.dumps({"text": d}) + "\n" for d in fact_documents()))
-    print(f"{len(fact_documents())} documents -> {args.out}")
+    docs = fact_documents()
+    args.out.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    print(f"{len(docs)} documents -> {args.out}")
     return 0
 
 
