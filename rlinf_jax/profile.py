@@ -5,7 +5,8 @@ torch when it is installed (the reference for what the silicon does), and the me
 bandwidth of a large element-wise op. On a GPU or TPU the device's published peaks are
 shown beside them. Then one iteration of each workload, stage by stage (PPO control:
 rollout, update; GRPO reasoning with a tiny language model: sampler prefill, sampler
-decode, update; SAC: one iteration of env step and gradient steps), each stage its own
+decode, update; SAC: one iteration of env step and gradient steps; the tiny VLA of
+``ppo_vla_tabletop``: rollout on the tabletop's images, update), each stage its own
 jitted program, timed after a warm-up (median of ``--repeats`` runs).
 
 Per stage it reports FLOPs, achieved FLOP/s, share of the measured float32 peak, and the
@@ -49,7 +50,7 @@ PUBLISHED_PEAKS = {
     "TPU v4": {"bf16": 275e12, "bandwidth": 1.2e12},
 }
 
-WORKLOADS = ("ppo", "grpo", "sac")
+WORKLOADS = ("ppo", "grpo", "sac", "vla")
 
 
 def _parse_args(argv):
@@ -194,7 +195,9 @@ def stage(name: str, fn, args, peaks: dict, repeats: int, while_trips: int = 1) 
     }, out
 
 
-def ppo_stages(overrides, peaks, repeats) -> list[dict]:
+def ppo_stages(overrides, peaks, repeats, recipe: str = "ppo_brax", prefix: str = "ppo") -> list[dict]:
+    """One PPO rollout and one PPO update of ``recipe`` (the control MLP's, or with
+    ``ppo_vla_tabletop`` the tiny VLA's on the tabletop's images)."""
     import jax
 
     from rlinf_jax.api import load_config
@@ -202,7 +205,7 @@ def ppo_stages(overrides, peaks, repeats) -> list[dict]:
     from rlinf_jax.tasks.embodied import ppo
     from rlinf_jax.tasks.embodied.build import build_trainer
 
-    trainer = build_trainer(load_config("ppo_brax", ["runner.progress_bar=false", *overrides]))
+    trainer = build_trainer(load_config(recipe, ["runner.progress_bar=false", *overrides]))
     ts = trainer.init()
     learner, env, T = trainer.learner, trainer.env, trainer.learner.settings.rollout_length
     key = jax.random.PRNGKey(1)
@@ -210,12 +213,12 @@ def ppo_stages(overrides, peaks, repeats) -> list[dict]:
     def rollout(ts, key):
         return unroll(env, ppo.acting(learner, ts.params, ts.obs_stats), ts.env_state, key, T)
 
-    rolled, (env_state, traj) = stage("ppo/rollout", rollout, (ts, key), peaks, repeats)
+    rolled, (env_state, traj) = stage(f"{prefix}/rollout", rollout, (ts, key), peaks, repeats)
 
     def update(ts, traj, last_obs, key):
         return ppo.learn(learner, ts.replace(env_state=None), traj, last_obs, key)
 
-    return [rolled, stage("ppo/update", update, (ts, traj, env_state.obs, key), peaks, repeats)[0]]
+    return [rolled, stage(f"{prefix}/update", update, (ts, traj, env_state.obs, key), peaks, repeats)[0]]
 
 
 def sac_stages(overrides, peaks, repeats) -> list[dict]:
@@ -309,11 +312,15 @@ def main(argv=None) -> int:
         for w in args.workloads.split(","):
             if w == "ppo":
                 stages += ppo_stages(overrides, peaks, args.repeats)
+            elif w == "vla":
+                # The timing does not depend on what the policy has learnt: no warm start.
+                vla = ["sft.warm_start_steps=0", "sft.critic_warmup_steps=0", *overrides]
+                stages += ppo_stages(vla, peaks, args.repeats, "ppo_vla_tabletop", "vla")
             elif w == "sac":
                 stages += sac_stages(overrides, peaks, args.repeats)
             else:
                 stages += grpo_stages(peaks, args.repeats)
-            for s in stages[-3:] if w == "grpo" else stages[-2:] if w == "ppo" else stages[-1:]:
+            for s in stages[-3:] if w == "grpo" else stages[-2:] if w in ("ppo", "vla") else stages[-1:]:
                 print(f"  {s['stage']:22s} {s['seconds'] * 1e3:9.1f} ms  {s['flops'] / 1e9:8.2f} GFLOP  "
                       f"{_fmt(s['flop_per_s']):>16s}  {s['share_of_peak']:6.1%} of peak  bound: {s['bound']}"
                       f" (memory {s['memory_time_share']:.0%} of the time)")

@@ -73,6 +73,26 @@ def test_profile_command_on_the_language_model():
     assert stages["grpo/sampler_decode"]["flops"] > 50 * stages["grpo/sampler_decode"]["xla_flops"]
 
 
+@pytest.mark.slow
+def test_profile_command_on_the_vla():
+    """The tiny VLA's PPO rollout (a scan over the tabletop's steps) and update, placed
+    against the peaks."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlinf_jax.profile", "--workloads", "vla", "--repeats", "1", "--matmul-size", "256",
+         "env.num_envs=8", "algorithm.rollout_length=2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=900, env=clean_env(JAX_PLATFORMS="cpu"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {s["stage"]: s for s in json.loads(proc.stdout.strip().splitlines()[-1])["stages"]}
+    assert set(stages) == {"vla/rollout", "vla/update"}
+    for s in stages.values():
+        assert s["flops"] > 0 and 0 < s["share_of_peak"] and s["bound"] in ("compute", "memory", "dispatch")
+    # The update scans over the recipe's 2 minibatches, a loop whose body XLA counts once:
+    # ours is A + 2B where XLA's is A + B.
+    update = stages["vla/update"]
+    assert update["xla_flops"] < update["flops"] <= 2 * update["xla_flops"]
+
+
 def test_bad_workload_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "rlinf_jax.profile", "--workloads", "nope"], capture_output=True,
                           text=True, cwd=ROOT, timeout=300, env=clean_env(JAX_PLATFORMS="cpu"))
