@@ -89,6 +89,10 @@ class EnvConfig:
     step_timeout_s: float = 60.0
     # Keyword arguments of gymnasium.make (e.g. {env_name: reach-v3} for Meta-World/MT1).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
+    # A camera whose image the policy sees beside the state (robosuite's "agentview", ...;
+    # "" = state only), env.image_size px square: observations {image, tokens, proprio} as
+    # the tabletop's, for actor.model.kind=vla.
+    camera: str = ""
 
 
 @dataclass

@@ -54,6 +54,11 @@ class HostEnvSpec:
     observation_size: int = 0
     action_size: int = 0
     has_success: bool = False  # the env reports info["success"] (or "is_success")
+    # A camera ("" = none; robosuite's agentview, ...) rendered at image_size x image_size:
+    # its uint8 image travels beside the state vector, [H, W, 3] in image_shape.
+    camera: str = ""
+    image_size: int = 0
+    image_shape: tuple = ()
 
     @property
     def time_limit(self) -> int:
@@ -61,7 +66,7 @@ class HostEnvSpec:
         return math.ceil(self.episode_length / self.action_repeat)
 
 
-def _layout(num_envs: int, obs: int, act: int) -> tuple[dict, int]:
+def _layout(num_envs: int, obs: int, act: int, image_shape: tuple = ()) -> tuple[dict, int]:
     fields = {
         "obs": ("float32", (num_envs, obs)),
         "final_obs": ("float32", (num_envs, obs)),
@@ -78,6 +83,10 @@ def _layout(num_envs: int, obs: int, act: int) -> tuple[dict, int]:
         "running_success": ("float32", (num_envs,)),
         "episode_index": ("int64", (num_envs,)),
     }
+    if image_shape:
+        # Camera images as the simulator renders them (uint8), never converted per step.
+        fields["image"] = ("uint8", (num_envs, *image_shape))
+        fields["final_image"] = ("uint8", (num_envs, *image_shape))
     layout, offset = {}, 0
     for name, (dtype, shape) in fields.items():
         layout[name] = (offset, dtype, list(shape))
@@ -166,7 +175,8 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
     """``spec`` with the simulator's observation and action sizes, asked of one worker
     (the parent may not even have the simulator installed). An unknown env id or an
     unsupported env is refused in one line."""
-    w = _Worker(spec.python, {"describe_only": True, "env_id": spec.env_id, "env_kwargs": spec.env_kwargs})
+    w = _Worker(spec.python, {"describe_only": True, "env_id": spec.env_id, "env_kwargs": spec.env_kwargs,
+                              "camera": spec.camera, "image_size": spec.image_size})
     try:
         line = w.read(time.monotonic() + timeout_s)
     finally:
@@ -179,7 +189,7 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
         raise BadInput(f"env.name={spec.env_id!r} cannot be made by {spec.python}: {reason}")
     d = json.loads(line[len("ready "):])
     return HostEnvSpec(**{**spec.__dict__, "observation_size": d["observation_size"], "action_size": d["action_size"],
-                                   "has_success": d["has_success"]})
+                                   "has_success": d["has_success"], "image_shape": tuple(d.get("image_shape", ()))})
 
 
 class HostEnvPool:
@@ -215,7 +225,7 @@ class HostEnvPool:
             bounds = np.linspace(g * per, (g + 1) * per, num_workers + 1).round().astype(int)
             for w in range(num_workers):
                 self.slices[w].append((int(bounds[w]), int(bounds[w + 1])))
-        layout, size = _layout(num_envs, spec.observation_size, spec.action_size)
+        layout, size = _layout(num_envs, spec.observation_size, spec.action_size, spec.image_shape)
         self._shm = shared_memory.SharedMemory(create=True, size=size)
         self._layout, self._size = layout, size
         self.arrays = {
@@ -240,7 +250,8 @@ class HostEnvPool:
     def _spawn(self, w: int, mode: str) -> _Worker:
         s = self.spec
         return _Worker(s.python, {
-            "env_id": s.env_id, "env_kwargs": s.env_kwargs, "seed": self.seed, "slices": self.slices[w],
+            "env_id": s.env_id, "env_kwargs": s.env_kwargs, "camera": s.camera, "image_size": s.image_size,
+            "seed": self.seed, "slices": self.slices[w],
             "action_repeat": s.action_repeat, "time_limit": s.time_limit, "reset_mode": s.reset_mode,
             "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, mode: True,
         })

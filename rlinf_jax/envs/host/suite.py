@@ -3,12 +3,20 @@ worker pool runs, and what a policy is sized from.
 
 ``env.suite=gym``: ``env.name`` is any registered Gymnasium env id (the MuJoCo v5 family
 is the reference set), stepped by C MuJoCo in the workers.
+
+With ``env.camera`` (robosuite envs) the policy sees what a tabletop env gives a VLA:
+``{"image": uint8 [B, H, W, 3], "tokens": int32 [B, L], "proprio": float32 [B, state]}``,
+the image the workers render, the state vector the state-only run sees, and the task's
+instruction as word ids (one fixed instruction per task, in a vocabulary of its words).
 """
 
 from __future__ import annotations
 
 import numbers
+import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from rlinf_jax.config.schema import EnvConfig
 from rlinf_jax.envs.host.pool import HostEnvSpec, describe
@@ -17,6 +25,31 @@ from rlinf_jax.errors import BadInput
 
 HOST_SUITES = ("gym",)
 RESET_MODES = ("cached", "fresh")
+ROBOSUITE = "robosuite:"  # the worker's prefix of robosuite env names
+# The instruction of each robosuite task (by the name's prefix: PickPlaceCan is a
+# PickPlace); any other task is named by its own words ("NutAssembly" -> "nut assembly").
+INSTRUCTIONS = {
+    "Lift": "lift the cube",
+    "Stack": "stack the red cube on the green cube",
+    "Door": "open the door",
+    "PickPlace": "pick up the object and place it in its bin",
+}
+
+
+def instruction(env_id: str) -> str:
+    task = env_id[len(ROBOSUITE):] if env_id.startswith(ROBOSUITE) else env_id
+    for prefix, text in INSTRUCTIONS.items():
+        if task.startswith(prefix):
+            return text
+    return " ".join(re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", task)).lower() or task.lower()
+
+
+def instruction_tokens(env_id: str) -> tuple[np.ndarray, int]:
+    """``(word ids int32 [L], vocabulary size)``: id 0 pads (the VLA's convention), the
+    instruction's distinct words take 1.. in order of first use."""
+    words = instruction(env_id).split()
+    vocab = {w: i + 1 for i, w in enumerate(dict.fromkeys(words))}
+    return np.asarray([vocab[w] for w in words], np.int32), len(vocab) + 1
 
 
 def is_host_suite(env_cfg: EnvConfig) -> bool:
@@ -33,6 +66,29 @@ class HostEnv:
     @property
     def observation_size(self) -> int:
         return self.spec.observation_size
+
+    @property
+    def camera(self) -> bool:
+        return bool(self.spec.image_shape)
+
+    @property
+    def observation_shapes(self) -> dict | None:
+        """A camera env's observation structure (the tabletop's), else None (flat vectors)."""
+        if not self.camera:
+            return None
+        return {"image": tuple(self.spec.image_shape), "tokens": self.tokens.shape,
+                "proprio": (self.spec.observation_size,)}
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return instruction_tokens(self.spec.env_id)[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return instruction_tokens(self.spec.env_id)[1]
+
+    # One action per step (no chunks): the policy's action is [B, 1, action_size].
+    chunk_length = 1
 
     @property
     def action_size(self) -> int:
@@ -59,6 +115,17 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
     _positive(cfg.step_timeout_s, "step_timeout_s")
     if cfg.reset_mode not in RESET_MODES:
         raise BadInput(f"unknown env.reset_mode {cfg.reset_mode!r}; choose one of {', '.join(RESET_MODES)}")
+    camera = cfg.camera
+    if camera is None:
+        camera = ""
+    if not isinstance(camera, str) or (camera and not re.fullmatch(r"[A-Za-z0-9_]+", camera)):
+        raise BadInput(f"env.camera must be a camera name (e.g. agentview) or empty, got {camera!r}")
+    if camera and not str(cfg.name).startswith(ROBOSUITE):
+        raise BadInput(f"env.camera={camera} needs a robosuite env (env.name=robosuite:Lift, ...), got {cfg.name!r}")
+    if camera:
+        size = cfg.image_size
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 8 <= size <= 1024:
+            raise BadInput(f"env.image_size must be an integer in [8, 1024] px with env.camera, got {size!r}")
     spec = HostEnvSpec(
         env_id=str(cfg.name),
         episode_length=int(cfg.episode_length),
@@ -66,5 +133,7 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         reset_mode=cfg.reset_mode,
         python=resolve_worker_python(cfg.worker_python),
         env_kwargs=dict(cfg.gym_kwargs or {}),
+        camera=camera,
+        image_size=int(cfg.image_size) if camera else 0,
     )
     return describe(spec)

@@ -55,10 +55,12 @@ def episode_seed(seed: int, env_index: int, episode: int) -> int:
 ROBOSUITE = "robosuite:"
 
 
-def make_env(env_id: str, kwargs: dict, max_base_steps: int):
+def make_env(env_id: str, kwargs: dict, max_base_steps: int, camera: str = "", image_size: int = 0):
     # The simulator is imported here, in the worker only: the parent needs none of it.
     if env_id.startswith(ROBOSUITE):
-        return robosuite_env(env_id[len(ROBOSUITE) :], kwargs, max_base_steps)
+        return robosuite_env(env_id[len(ROBOSUITE) :], kwargs, max_base_steps, camera, image_size)
+    if camera:
+        raise ValueError(f"camera observations are available for robosuite envs only, not {env_id!r}")
     import gymnasium as gym
 
     # The time limit is ours (agent steps, TimeLimit's semantics); gymnasium's own is set
@@ -66,37 +68,74 @@ def make_env(env_id: str, kwargs: dict, max_base_steps: int):
     return gym.make(env_id, max_episode_steps=max_base_steps, **kwargs)
 
 
-def robosuite_env(name: str, kwargs: dict, max_base_steps: int):
+def robosuite_env(name: str, kwargs: dict, max_base_steps: int, camera: str = "", image_size: int = 0):
     """robosuite's ``name`` (Lift, Stack, Door, PickPlace, ...) as a Gymnasium env with flat
     state observations (robosuite's own ``GymWrapper``), seeded by ``reset(seed=...)`` and
     reporting ``info["success"]``. ``kwargs`` go to ``robosuite.make`` over these defaults:
-    a Panda arm, no renderer and no camera, shaped rewards, 20 Hz control."""
+    a Panda arm, no renderer and no camera, shaped rewards, 20 Hz control.
+
+    With ``camera`` (e.g. ``agentview``) the observation is ``{"state": the same flat
+    vector, "image": uint8 [image_size, image_size, 3]}``, rendered offscreen (EGL unless
+    ``MUJOCO_GL`` names another backend), rows top to bottom."""
+    if camera:
+        # Read by mujoco at import: set before robosuite imports it. EGL renders headless on
+        # a CPU (Mesa) as on a GPU; MUJOCO_GL=osmesa is the fallback where EGL is missing.
+        os.environ.setdefault("MUJOCO_GL", "egl")
     import gymnasium as gym
     import robosuite  # the simulator: only in robosuite's worker environment
+    from gymnasium import spaces
     from robosuite.wrappers import GymWrapper
 
     settings = {"robots": "Panda", "has_renderer": False, "has_offscreen_renderer": False, "use_camera_obs": False,
                 "reward_shaping": True, "control_freq": 20, **kwargs}
+    if camera:
+        settings.update(has_offscreen_renderer=True, use_camera_obs=True, camera_names=camera,
+                        camera_heights=image_size, camera_widths=image_size)
     # (robosuite's default hard_reset=True rebuilds the sim at every reset: slower, but with
     # hard_reset=False two envs seeded alike start up to 1 mm apart.)
     # The episode ends by our time limit, as a truncation: robosuite's own horizon would
     # report it as a termination (and so cut the value bootstrap).
     settings.update(ignore_done=True, horizon=max_base_steps + 1)
     suite_env = robosuite.make(name, **settings)
+    # The state vector's keys in GymWrapper's own order, so that a camera run's state is
+    # exactly the state-only run's observation.
+    state_keys = (["object-state"] if suite_env.use_object_obs else []) + [
+        f"robot{i}_proprio-state" for i in range(len(suite_env.robots))
+    ]
+    image_key = f"{camera}_image"
 
     class Seeded(gym.Wrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            if camera:
+                size = sum(int(np.prod(env.observation_space[k].shape)) for k in state_keys)
+                self.observation_space = spaces.Dict({
+                    "state": spaces.Box(-np.inf, np.inf, (size,), np.float32),
+                    "image": spaces.Box(0, 255, (image_size, image_size, 3), np.uint8),
+                })
+
+        def _obs(self, obs):
+            if not camera:
+                return obs
+            # robosuite renders OpenGL's way, bottom row first: flipped to the image's rows.
+            state = np.concatenate([np.asarray(obs[k], np.float32).ravel() for k in state_keys])
+            return {"state": state, "image": np.ascontiguousarray(obs[image_key][::-1])}
+
         def reset(self, *, seed=None, options=None):
             if seed is not None:
                 # robosuite draws initial states from the Generator it was built with (its
                 # placement samplers hold that object): re-seed it in place.
                 suite_env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
                 np.random.seed(seed % 2**32)
-            return self.env.reset()
+            obs, info = self.env.reset()
+            return self._obs(obs), info
 
         def step(self, action):
             obs, reward, terminated, truncated, info = self.env.step(action)
-            return obs, reward, terminated, truncated, {**info, "success": bool(suite_env._check_success())}
+            return self._obs(obs), reward, terminated, truncated, {**info, "success": bool(suite_env._check_success())}
 
+    if camera:
+        return Seeded(GymWrapper(suite_env, keys=[*state_keys, image_key], flatten_obs=False))
     return Seeded(GymWrapper(suite_env))
 
 
@@ -104,6 +143,11 @@ def describe(env) -> dict:
     from gymnasium import spaces  # the simulator's package, as in make_env
 
     obs_space, act_space = env.observation_space, env.action_space
+    image_shape = []
+    if isinstance(obs_space, spaces.Dict) and set(obs_space.spaces) == {"state", "image"}:
+        # A camera env (`robosuite_env`): the image travels in its own uint8 array.
+        image_shape = list(obs_space["image"].shape)
+        obs_space = obs_space["state"]
     if not isinstance(obs_space, spaces.Box) or not isinstance(act_space, spaces.Box):
         raise TypeError(
             f"only Box observation and action spaces are supported, got {type(obs_space).__name__} and "
@@ -114,6 +158,7 @@ def describe(env) -> dict:
         raise TypeError("the action space is unbounded; the policy's actions in [-1, 1] cannot be scaled to it")
     return {
         "observation_size": int(np.prod(obs_space.shape)),
+        "image_shape": image_shape,
         "action_size": int(np.prod(act_space.shape)),
         "action_low": low.tolist(),
         "action_high": high.tolist(),
@@ -154,9 +199,11 @@ class Slice:
         self.cached = spec["reset_mode"] == "cached"
         self.a = {k: v[self.lo : self.hi] for k, v in arrays.items()}
         self.envs = [
-            make_env(spec["env_id"], spec.get("env_kwargs", {}), self.limit * self.repeat)
+            make_env(spec["env_id"], spec.get("env_kwargs", {}), self.limit * self.repeat, spec.get("camera", ""),
+                     int(spec.get("image_size", 0)))
             for _ in range(self.hi - self.lo)
         ]
+        self.camera = "image" in self.a
         d = describe(self.envs[0])
         self.low, self.high = np.asarray(d["action_low"]), np.asarray(d["action_high"])
 
@@ -169,11 +216,24 @@ class Slice:
         a = self.a
         episode = 0 if self.cached else int(a["episode_index"][i])
         obs, info = self.envs[i].reset(seed=episode_seed(self.seed, self.lo + i, episode))
-        a["obs"][i] = np.asarray(obs, np.float32).ravel()
+        self._write("obs", "image", i, obs)
         a["steps"][i] = 0
         a["running_return"][i] = 0.0
         a["running_length"][i] = 0
         a["running_success"][i] = float(_success(info))
+
+    def _write(self, state_key: str, image_key: str, i: int, obs) -> None:
+        """Env ``i``'s observation into the block: the state vector, and the camera image
+        into its own uint8 array."""
+        if self.camera:
+            self.a[image_key][i] = obs["image"]
+            obs = obs["state"]
+        self.a[state_key][i] = np.asarray(obs, np.float32).ravel()
+
+    def _copy_final(self) -> None:
+        self.a["final_obs"][:] = self.a["obs"]
+        if self.camera:
+            self.a["final_image"][:] = self.a["image"]
 
     def reset(self, seed: int) -> None:
         """Starts every env's episode 0 under ``seed`` (statistics cleared)."""
@@ -183,18 +243,18 @@ class Slice:
         self.a["episode_index"][:] = 0
         for i in range(len(self.envs)):
             self._reset_one(i)
-        self.a["final_obs"][:] = self.a["obs"]
+        self._copy_final()
 
     def resume(self) -> None:
         """Starts the episodes the shared counters name (a new worker, or a resumed run)."""
         for i in range(len(self.envs)):
             self._reset_one(i)
-        self.a["final_obs"][:] = self.a["obs"]
+        self._copy_final()
 
     def restart(self) -> None:
         """A replacement worker: every episode of the slice ends as a truncation."""
         a = self.a
-        a["final_obs"][:] = a["obs"]
+        self._copy_final()
         a["reward"][:] = 0.0
         a["done"][:] = 1.0
         a["truncated"][:] = 1.0
@@ -226,14 +286,13 @@ class Slice:
             # TimeLimit's rule: an end the env itself reports keeps its own flag; otherwise
             # the time limit is a truncation.
             truncated = (env_truncated and not terminated) if ended else hit
-            obs = np.asarray(obs, np.float32).ravel()
             ret = np.float32(a["running_return"][i] + total)
             length = int(a["running_length"][i]) + 1
             reached = max(float(a["running_success"][i]), float(success))
             a["reward"][i] = total
             a["done"][i] = float(done)
             a["truncated"][i] = float(truncated)
-            a["final_obs"][i] = obs
+            self._write("final_obs", "final_image", i, obs)
             if done:
                 a["episode_return"][i] = ret
                 a["episode_length"][i] = length
@@ -241,7 +300,9 @@ class Slice:
                 a["episode_index"][i] += 1
                 self._reset_one(i)
             else:
-                a["obs"][i] = obs
+                a["obs"][i] = a["final_obs"][i]
+                if self.camera:
+                    a["image"][i] = a["final_image"][i]
                 a["steps"][i] = steps
                 a["running_return"][i] = ret
                 a["running_length"][i] = length
@@ -270,7 +331,8 @@ def main(argv: list[str]) -> int:
     work = None
     try:
         if spec.get("describe_only"):
-            env = make_env(spec["env_id"], spec.get("env_kwargs", {}), 2)
+            env = make_env(spec["env_id"], spec.get("env_kwargs", {}), 2, spec.get("camera", ""),
+                           int(spec.get("image_size", 0)))
             try:
                 d = describe(env)
                 # Whether the env reports success (MetaWorld's info["success"]): one step shows it.

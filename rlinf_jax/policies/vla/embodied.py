@@ -174,7 +174,7 @@ def tabletop_spec(env, kind: str, suite: str) -> tuple[int, int, int, int]:
     if not isinstance(shapes, dict) or not {"image", "tokens", "proprio"} <= set(shapes):
         raise BadInput(
             f"actor.model.kind={kind} needs an env with image, tokens and proprio observations; "
-            f"env.suite={suite} has none (use env.suite=tabletop)"
+            f"env.suite={suite} has none (use env.suite=tabletop, or a robosuite env with env.camera=agentview)"
         )
     return shapes["image"][0], int(base.vocab_size), int(getattr(base, "chunk_length", 1)), shapes["proprio"][0]
 

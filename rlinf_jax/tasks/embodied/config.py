@@ -14,7 +14,7 @@ ENV = {
     "env.suite", "env.name", "env.backend", "env.num_envs", "env.num_eval_envs", "env.episode_length",
     "env.reset_mode", "env.action_repeat",
 }
-HOST = {"env.num_workers", "env.worker_python", "env.step_timeout_s", "env.gym_kwargs"}
+HOST = {"env.num_workers", "env.worker_python", "env.step_timeout_s", "env.gym_kwargs", "env.camera"}
 TABLETOP = {"env.chunk_length", "env.image_size", "env.group_size", "env.layout", "env.terminate_on_success"}
 PPO = {
     "algorithm.adv_type", "algorithm.loss_type", "algorithm.rollout_length", "algorithm.update_epochs",
@@ -67,6 +67,8 @@ def reads(cfg: Config) -> Reads:
         keys |= TABLETOP
     if cfg.env.suite == "gym":
         keys |= HOST
+        if cfg.env.camera:
+            keys |= {"env.image_size"}
     if kind in ("vla", "pi0"):
         keys |= CLONING
     if kind == "vla":
@@ -98,6 +100,11 @@ def check(cfg: Config) -> None:
         raise BadInput(
             f"actor.model.vla_logprob_level={m.vla_logprob_level} applies to kind=vla; pi0's log-prob is per "
             "chunk: set it to chunk"
+        )
+    if e.suite == "gym" and e.camera and m.kind != "vla":
+        raise BadInput(
+            f"env.camera={e.camera} gives image, instruction and proprio observations; actor.model.kind={m.kind} "
+            "does not take them on a host simulator: set actor.model.kind=vla (or env.camera='' for state only)"
         )
     backbone = BACKBONES.get(m.kind)
     if backbone is not None and m.lm_model_type != backbone:

@@ -15,6 +15,11 @@ keys folded from each env's global index and the step exactly as in `rollout.unr
 with env resets seeded per global env index in the workers, so the number of
 micro-batches or workers changes no number.
 
+With a camera (``env.camera``) an observation is the tabletop's structure,
+``{"image", "tokens", "proprio"}``: the workers' uint8 images and state vectors from the
+shared block, the task's fixed instruction tokens added here; every buffer below is that
+pytree instead of one array.
+
 Checkpoints hold each env's episode counter (``env_state["episode_index"]``): a resumed
 run starts every env at its next episode with that episode's seed. What cannot be
 restored is the simulator's state inside an unfinished episode (C MuJoCo's data, the
@@ -46,7 +51,17 @@ from rlinf_jax.tasks.embodied.state import TrainState, stats_size
 @dataclass
 class HostState:
     learner: TrainState  # env_state: {"episode_index": [num_envs]} (what a checkpoint holds)
-    obs: np.ndarray  # the batch's current observations, [num_envs, obs]
+    obs: object  # the batch's current observations: [num_envs, obs], or the camera's pytree
+
+
+def _put(buf, index, value) -> None:
+    """``buf[index] = value`` leaf by leaf (observation pytrees of numpy arrays)."""
+    for b, v in zip(jax.tree.leaves(buf), jax.tree.leaves(value)):
+        b[index] = v
+
+
+def _take(tree, index):
+    return jax.tree.map(lambda x: x[index], tree)
 
 
 class HostPPO(Trainer):
@@ -77,6 +92,7 @@ class HostPPO(Trainer):
         self.substeps = e.action_repeat
         self.T = cfg.algorithm.rollout_length
         self.has_success = self.env.spec.has_success
+        self.camera = self.env.camera
         settings = ppo.PPOSettings.from_config(cfg, B, self.substeps, 0)
         self.env_steps_per_iteration = settings.batch_size * self.substeps
         self.tx = setup_lib.optimizer(cfg)
@@ -93,12 +109,39 @@ class HostPPO(Trainer):
 
     # ------------------------------------------------------------- programs
     def _infer(self, params, stats, obs, rollout_key, t, first_env):
-        keys = env_keys(step_keys(rollout_key, self.T)[t], obs.shape[0], first_env)
+        keys = env_keys(step_keys(rollout_key, self.T)[t], jax.tree.leaves(obs)[0].shape[0], first_env)
         return ppo.acting(self.learner, params, stats)(obs, keys)
 
     def _act_eval(self, params, stats, obs):
         model = self.learner.model(params)
         return self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
+
+    # --------------------------------------------------------- observations
+    def _obs_spec(self):
+        """One env's observation: shape and dtype per leaf."""
+        if not self.camera:
+            return jax.ShapeDtypeStruct((self.env.observation_size,), jnp.float32)
+        shapes = self.env.observation_shapes
+        return {"image": jax.ShapeDtypeStruct(shapes["image"], jnp.uint8),
+                "tokens": jax.ShapeDtypeStruct(shapes["tokens"], jnp.int32),
+                "proprio": jax.ShapeDtypeStruct(shapes["proprio"], jnp.float32)}
+
+    def _obs_struct(self, *lead):
+        return jax.tree.map(lambda sd: jax.ShapeDtypeStruct((*lead, *sd.shape), sd.dtype), self._obs_spec())
+
+    def _zeros(self, *lead):
+        return jax.tree.map(lambda sd: np.zeros((*lead, *sd.shape), sd.dtype), self._obs_spec())
+
+    def _read(self, pool: HostEnvPool, which: str, sl: slice):
+        """Observations of envs ``sl`` in ``pool``'s block: ``which`` is "obs" (current) or
+        "final_obs" (what a step ended on); copies."""
+        arr = pool.arrays
+        if not self.camera:
+            return arr[which][sl].copy()
+        proprio = arr[which][sl].copy()
+        image = arr["image" if which == "obs" else "final_image"][sl].copy()
+        tokens = np.broadcast_to(self.env.tokens, (proprio.shape[0], *self.env.tokens.shape)).copy()
+        return {"image": image, "tokens": tokens, "proprio": proprio}
 
     # ---------------------------------------------------------------- pools
     def _open_pool(self, episode_index) -> None:
@@ -147,7 +190,7 @@ class HostPPO(Trainer):
             )
         self._open_pool(episode_index)
         learner = replicate(ts.replace(env_state=None), self.mesh)
-        return HostState(learner=learner, obs=self.pool.arrays["obs"].copy())
+        return HostState(learner=learner, obs=self._read(self.pool, "obs", slice(None)))
 
     def snapshot(self, s: HostState) -> TrainState:
         counters = self.pool.arrays["episode_index"].astype(np.int32)
@@ -158,32 +201,35 @@ class HostPPO(Trainer):
 
     def compile(self, s: HostState, eval_key) -> None:
         ts = s.learner
-        obs = jax.ShapeDtypeStruct((self.micro, self.env.observation_size), jnp.float32)
+        obs = self._obs_struct(self.micro)
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         self.infer = self.infer.lower(ts.params, ts.obs_stats, obs, ts.key, i32, i32).compile()
         outs = jax.eval_shape(self._infer, ts.params, ts.obs_stats, obs, ts.key, i32, i32)
-        T, B, O = self.T, self.env.num_envs, self.env.observation_size
+        T, B = self.T, self.env.num_envs
         f = lambda *shape: jax.ShapeDtypeStruct((T, B, *shape), jnp.float32)  # noqa: E731
+        # The stored action and log-prob as the policy gives them (a VLA: int32 bins, and
+        # log-probs per chunk, action or token).
+        g = lambda x: jax.ShapeDtypeStruct((T, B, *x.shape[1:]), x.dtype)  # noqa: E731
         traj = Transition(
-            obs=f(O), raw_action=f(*outs[1].shape[1:]), logprob=f(), reward=f(), done=f(), truncated=f(),
-            final_obs=f(O), episode_return=f(), episode_length=jax.ShapeDtypeStruct((T, B), jnp.int32),
-            episode_success=f(), value=f() if len(outs) > 3 else None,
+            obs=self._obs_struct(T, B), raw_action=g(outs[1]), logprob=g(outs[2]), reward=f(), done=f(),
+            truncated=f(), final_obs=self._obs_struct(T, B), episode_return=f(),
+            episode_length=jax.ShapeDtypeStruct((T, B), jnp.int32), episode_success=f(),
+            value=f() if len(outs) > 3 else None,
         )
-        last = jax.ShapeDtypeStruct((B, O), jnp.float32)
+        last = self._obs_struct(B)
         self.learn = self.learn.lower(ts, traj, last, ts.key).compile()
-        eval_obs = jax.ShapeDtypeStruct((self.eval_env.num_envs, O), jnp.float32)
+        eval_obs = self._obs_struct(self.eval_env.num_envs)
         self.act_eval = self.act_eval.lower(ts.params, ts.obs_stats, eval_obs).compile()
 
     def _rollout(self, s: HostState, rollout_key):
         """One rollout of ``T`` steps, micro-batch by micro-batch (see the module's doc)."""
         pool, T, B, mb = self.pool, self.T, self.env.num_envs, self.micro
         arr = pool.arrays
-        O = self.env.observation_size
-        buf = {k: np.zeros((T, B), np.float32) for k in ("logprob", "reward", "done", "truncated", "episode_return",
+        buf = {k: np.zeros((T, B), np.float32) for k in ("reward", "done", "truncated", "episode_return",
                                                         "episode_success", "value")}
         buf["episode_length"] = np.zeros((T, B), np.int32)
-        buf["obs"] = np.zeros((T, B, O), np.float32)
-        buf["final_obs"] = np.zeros((T, B, O), np.float32)
+        buf["obs"] = self._zeros(T, B)
+        buf["final_obs"] = self._zeros(T, B)
         raw = None
         obs = s.obs
         params, stats = s.learner.params, s.learner.obs_stats
@@ -192,8 +238,8 @@ class HostPPO(Trainer):
         def collect(t, sl):  # the results of step t of micro-batch sl, once its workers answered
             for k in ("reward", "done", "truncated", "episode_return", "episode_length", "episode_success"):
                 buf[k][t, sl] = arr[k][sl]
-            buf["final_obs"][t, sl] = arr["final_obs"][sl]
-            obs[sl] = arr["obs"][sl]
+            _put(buf["final_obs"], (t, sl), self._read(pool, "final_obs", sl))
+            _put(obs, sl, self._read(pool, "obs", sl))
 
         for t in range(T):
             for m in range(self.num_micro):
@@ -201,12 +247,14 @@ class HostPPO(Trainer):
                 if t:
                     pool.wait(m)
                     collect(t - 1, sl)
-                buf["obs"][t, sl] = obs[sl]
-                out = self.infer(params, stats, obs[sl], rollout_key, np.int32(t), np.int32(m * mb))
+                _put(buf["obs"], (t, sl), _take(obs, sl))
+                out = self.infer(params, stats, _take(obs, sl), rollout_key, np.int32(t), np.int32(m * mb))
                 action, raw_m, logprob, *value = jax.device_get(out)
                 if raw is None:
-                    raw = np.zeros((T, B, *raw_m.shape[1:]), np.float32)
-                arr["action"][sl] = action
+                    # The stored action's own dtype: a VLA stores int32 bin indices.
+                    raw = np.zeros((T, B, *raw_m.shape[1:]), raw_m.dtype)
+                    buf["logprob"] = np.zeros((T, B, *logprob.shape[1:]), logprob.dtype)
+                arr["action"][sl] = action.reshape(action.shape[0], -1)  # a VLA's [mb, 1, act] chunk
                 pool.send(m)
                 raw[t, sl] = raw_m
                 buf["logprob"][t, sl] = logprob
@@ -223,7 +271,7 @@ class HostPPO(Trainer):
             episode_length=buf["episode_length"], episode_success=buf["episode_success"],
             value=buf["value"] if has_value else None,
         )
-        return traj, obs.copy()
+        return traj, jax.tree.map(np.copy, obs)
 
     def run_iterations(self, s: HostState, n: int):
         sums = None
@@ -238,8 +286,7 @@ class HostPPO(Trainer):
     def run_eval(self, s: HostState, key) -> dict:
         return self.evaluate(s.learner.params, s.learner.obs_stats, key)
 
-    # Host simulators hand the policy vectors only (no camera observations yet), so an
-    # evaluation draws no episode strip.
+    # An evaluation of a host simulator draws no episode strip (camera runs not yet either).
     image_observations = False
 
     def deterministic(self, params, stats):
@@ -262,8 +309,8 @@ class HostPPO(Trainer):
         n = self.eval_env.num_envs
         ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
         for _ in range(self.env.spec.time_limit):
-            action = np.asarray(self.act_eval(params, stats, pool.arrays["obs"].copy()))
-            pool.step(action)
+            action = np.asarray(self.act_eval(params, stats, self._read(pool, "obs", slice(None))))
+            pool.step(action.reshape(action.shape[0], -1))
             ret += pool.arrays["reward"] * alive
             length += alive
             ended = alive * pool.arrays["done"]
