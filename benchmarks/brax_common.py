@@ -4,7 +4,11 @@ and epochs (steady throughput, time and env steps to a return threshold)."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 
 BRAX_PMAP_AXIS = "i"
 
@@ -180,6 +184,74 @@ def run_sides(args, clock, run_brax, run_ours) -> tuple[list[str], dict]:
         log(f"--- {side} (run {i + 1}/{len(schedule)}) ---")
         runs.setdefault(side, []).append((run_brax if side == "brax" else run_ours)(args, clock))
     return schedule, {side: _median_summary(r) for side, r in runs.items()}
+
+
+# Options of the parent's command line that the child processes of `run_sides_in_processes`
+# get in their own form (one side each, one run each) or not at all.
+_PARENT_ONLY = {"--only": 1, "--repeats": 1, "--order": 1, "--processes": 1}
+
+
+def _child_argv(argv: list[str], side: str) -> list[str]:
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split("=", 1)[0]
+        if name in _PARENT_ONLY:
+            skip = 0 if "=" in a else _PARENT_ONLY[name]
+            continue
+        out.append(a)
+    return [*out, "--only", side, "--repeats", "1", "--processes", "one"]
+
+
+def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple[list[str], dict]:
+    """``run_sides`` with every run in a fresh process of its own, started as its users
+    start it: ``own_env(side)`` gives each side's environment (Brax's: the caller's,
+    without the project's XLA flags; ours: what ``python -m rlinf_jax.train`` would start
+    JAX with). The children's progress passes through; each one's summary is its last
+    stdout line."""
+    first = ["brax", "ours"] if args.order == "brax-first" else ["ours", "brax"]
+    if args.only != "both":
+        first = [args.only]
+    schedule = [side for r in range(args.repeats) for side in (first if r % 2 == 0 else first[::-1])]
+    log(f"order: {' -> '.join(schedule)} (each run in its own process; repeats alternate who goes first)")
+    runs: dict[str, list[dict]] = {}
+    for i, side in enumerate(schedule):
+        env = own_env(side)
+        log(f"--- {side} (run {i + 1}/{len(schedule)}, own process, XLA_FLAGS={env.get('XLA_FLAGS', '')!r}) ---")
+        # The child's progress lines pass through as they come; its last line (the JSON
+        # summary) is kept back, so that this process's own summary stays the last line.
+        with subprocess.Popen([sys.executable, script, *_child_argv(argv, side)], env=env, stdout=subprocess.PIPE,
+                              text=True) as proc:
+            last = None
+            for line in proc.stdout:
+                if last is not None:
+                    print(last, end="", flush=True)
+                last = line
+        if proc.returncode != 0 or not last:
+            raise SystemExit(f"error: the {side} run's process exited with {proc.returncode}; its output is above")
+        lines = [last]
+        summary = json.loads(lines[-1]).get(side)
+        summary["xla_flags"] = env.get("XLA_FLAGS", "")
+        runs.setdefault(side, []).append(summary)
+    return schedule, {side: _median_summary(r) for side, r in runs.items()}
+
+
+def our_default_env(recipe: str) -> dict:
+    """This process's environment with XLA_FLAGS as ``python -m rlinf_jax.train
+    --config-name recipe`` sets them before JAX starts (``runner.xla_cpu_flags``'s default)."""
+    saved = os.environ.get("XLA_FLAGS")
+    try:
+        from rlinf_jax.api import prepare_jax
+
+        prepare_jax(recipe)
+        return dict(os.environ)
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
 
 
 def ratio(results: dict, key: str):

@@ -26,6 +26,12 @@ Examples::
     python benchmarks/ppo_vs_brax.py                          # inverted_pendulum defaults
     python benchmarks/ppo_vs_brax.py --env ant                # ant on mjx, scaled to a CPU
     python benchmarks/ppo_vs_brax.py --devices 2 --only ours  # 2 forced host devices
+    python benchmarks/ppo_vs_brax.py --processes own --repeats 2   # each run in a fresh process
+
+``--processes own`` runs every training run in a process of its own, each side with its
+own defaults (Brax's: the environment as it is, as a Brax user starts it; ours: the XLA
+flags ``python -m rlinf_jax.train`` starts JAX with), instead of both in one process with
+the same flags.
 
 Hyperparameter mapping (Brax ``ppo.train`` argument -> our config key)
 -----------------------------------------------------------------------
@@ -125,7 +131,9 @@ from brax_common import (  # noqa: E402
     _install_device_put_replicated_shim,
     _summary,
     log,
+    our_default_env,
     run_sides,
+    run_sides_in_processes,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
@@ -213,6 +221,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="which side runs first (in the first repeat; later repeats alternate)",
     )
     p.add_argument("--repeats", type=int, default=1, help="runs per side, alternating the order")
+    p.add_argument(
+        "--processes",
+        choices=("one", "own"),
+        default="one",
+        help="one: both sides in this process with the same XLA flags; own: every run in a fresh process with "
+        "its side's own defaults (Brax: the environment as it is; ours: what rlinf_jax.train sets)",
+    )
     p.add_argument(
         "--brax-bootstrap-on-timeout",
         action="store_true",
@@ -463,6 +478,8 @@ def run_ours(args, clock) -> dict:
 # ------------------------------------------------------------------------------ main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.processes == "own":
+        return main_own_processes(args, sys.argv[1:] if argv is None else list(argv))
     if args.devices:
         flags = os.environ.get("XLA_FLAGS", "")
         flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
@@ -548,6 +565,31 @@ def main(argv=None) -> int:
             f"is better): {out['time_to_threshold_ratio']} | compile_ratio (ours/brax): {out['compile_ratio']}"
         )
     warn_regressions("ppo_vs_brax", out)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def main_own_processes(args, argv: list[str]) -> int:
+    """Each run in its own process, each side with its own defaults: what a Brax user and
+    a rlinf_jax user each see. No JAX in this process."""
+    def own_env(side):
+        return our_default_env("ppo_brax") if side == "ours" else dict(os.environ)
+
+    log(f"PPO benchmark, each run in its own process: Brax ppo.train vs rlinf_jax | env {args.env}")
+    schedule, results = run_sides_in_processes(args, argv, os.path.abspath(__file__), own_env)
+    ratio = functools.partial(brax_ratio, results)
+    out = {
+        "env": args.env, "backend": args.backend, "processes": "own", "order": schedule, "repeats": args.repeats,
+        "threshold": args.threshold, "env_steps_per_side": args.total_env_steps,
+        "ours": results.get("ours"), "brax": results.get("brax"),
+        "compile_ratio": ratio("compile_s"),
+        "ratio_median_epoch": ratio("steady_steps_per_sec_median_epoch"),
+        "ratio": ratio("steady_steps_per_sec"),
+        "time_to_threshold_ratio": ratio("time_to_threshold_s"),
+    }
+    if "ours" in results and "brax" in results:
+        log(f"ratio (ours/brax steady steps/s, own processes): {out['ratio']} | time_to_threshold_ratio: "
+            f"{out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")
     print(json.dumps(out), flush=True)
     return 0
 
