@@ -19,6 +19,7 @@ TINY = [
     "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.global_batch_size=8", "actor.micro_batch_size=8",
     "agent.max_turns=2", "agent.max_turn_tokens=32", "agent.max_episode_tokens=80",
     "sft.warm_start_steps=80", "sft.lr=3e-3", "sft.batch_size=32", "sft.train_levels=[1]",
+    "data.sft_tool_fraction=1.0",  # transcripts only: 80 steps learn the call syntax
     "actor.optim.lr_schedule=constant",
 ]
 

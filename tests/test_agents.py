@@ -166,6 +166,30 @@ def test_tool_task_transcripts_solve_their_problems_and_splits_are_disjoint():
     assert "target" not in ToolTaskDataset(5, (1,), transcripts=False)[0]
 
 
+def test_tool_fraction_keeps_the_problems_and_drops_transcripts_on_its_share():
+    from rlinf_jax.data.config import DataConfig
+    from rlinf_jax.data.datasets import build_datasets
+    from rlinf_jax.data.tool_tasks import ToolTaskDataset
+
+    full = ToolTaskDataset(400, (1, 3), "train", seed=2)
+    part = ToolTaskDataset(400, (1, 3), "train", seed=2, tool_fraction=0.3)
+    assert [r["prompt"] for r in part] == [r["prompt"] for r in full]
+    with_tool = [r for r in part if "target" in r]
+    assert 0.2 < len(with_tool) / len(part) < 0.4
+    assert all(r["target"] == f["target"] for r, f in zip(part, full) if "target" in r)
+    assert all("target" not in r for r in ToolTaskDataset(50, (1,), seed=2, tool_fraction=0.0))
+    # The recipe key reaches the train split only: held-out records are the same at every fraction.
+    cfg = DataConfig(source="tool_calc", train_levels=[1], eval_levels=[1], train_size=100, eval_size=20,
+                     sft_tool_fraction=0.5)
+    train, held = build_datasets(cfg)
+    assert train.tool_fraction == 0.5 and list(held) == list(ToolTaskDataset(20, (1,), "heldout"))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(BadInput):
+            DataConfig(source="tool_calc", sft_tool_fraction=bad).validate()
+        with pytest.raises(BadInput):
+            ToolTaskDataset(5, (1,), tool_fraction=bad)
+
+
 def test_search_task_transcripts_replay_through_the_search_tool_and_held_out_towns_are_new(tmp_path):
     import re
 

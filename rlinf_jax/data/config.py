@@ -31,6 +31,9 @@ class DataConfig:
     # source=tool_calc / tool_search: SFT targets are tool-use transcripts (true) or the bare \boxed{answer}
     # (false: the no-tool control). Its levels are rlinf_jax.data.tool_tasks.TOOL_LEVELS.
     sft_tool_transcripts: bool = True
+    # source=tool_calc: the share of train examples whose SFT target is a transcript (the rest
+    # answer directly, so a warm start calls the tool on some prompts and guesses on others).
+    sft_tool_fraction: float = 1.0
     # source=procedural, tool_calc, tool_search and reasoning_gym: dataset sizes.
     train_size: int = 10_000
     eval_size: int = 200
@@ -65,6 +68,8 @@ class DataConfig:
         if self.source == "tool_calc":
             check_tool_levels(self.train_levels)
             check_tool_levels(self.eval_levels)
+        if not 0.0 <= self.sft_tool_fraction <= 1.0:
+            raise BadInput(f"data.sft_tool_fraction={self.sft_tool_fraction} must lie between 0 and 1")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise BadInput(f"data.heldout_fraction={self.heldout_fraction} must lie strictly between 0 and 1")
         for name in ("train_size", "eval_size"):

@@ -239,7 +239,7 @@ def build_datasets(cfg):
     if cfg.source == "tool_calc":
         kw = {"seed": cfg.seed, "heldout_fraction": cfg.heldout_fraction, "transcripts": cfg.sft_tool_transcripts}
         return (
-            ToolTaskDataset(cfg.train_size, cfg.train_levels, "train", **kw),
+            ToolTaskDataset(cfg.train_size, cfg.train_levels, "train", tool_fraction=cfg.sft_tool_fraction, **kw),
             ToolTaskDataset(cfg.eval_size, cfg.eval_levels, "heldout", **kw),
         )
     if cfg.source == "tool_search":

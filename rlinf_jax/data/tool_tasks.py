@@ -78,18 +78,24 @@ class ToolTaskDataset(GeneratedDataset):
     """``size`` examples ``{"prompt", "answer", "target", "level", "id"}`` of one split.
 
     ``transcripts=False`` leaves ``target`` out (an SFT on it then learns the bare
-    ``\\boxed{answer}``, the no-tool control).
+    ``\\boxed{answer}``, the no-tool control). ``tool_fraction`` < 1 keeps the transcript
+    on that share of the examples only (a draw of its own per index, so the problems are
+    the same at every fraction): the rest answer directly, and a warm start on them calls
+    the calculator on some prompts and guesses on others.
     """
 
     def __init__(self, size: int, levels=(1,), split: str = "train", seed: int = 0, heldout_fraction: float = 0.2,
-                 transcripts: bool = True):
+                 transcripts: bool = True, tool_fraction: float = 1.0):
         if split not in SPLITS:
             raise BadInput(f"tool task split {split!r} is unknown; use one of {sorted(SPLITS)}")
         if size <= 0:
             raise BadInput(f"tool task dataset size {size} must be positive")
+        if not 0.0 <= tool_fraction <= 1.0:
+            raise BadInput(f"tool task tool_fraction={tool_fraction} must lie between 0 and 1")
         self.levels = check_tool_levels(levels)
         self.size, self.split, self.seed = int(size), split, int(seed)
         self.heldout_fraction, self.transcripts = float(heldout_fraction), bool(transcripts)
+        self.tool_fraction = float(tool_fraction)
 
     def example(self, index: int) -> dict:
         rng = np.random.default_rng([self.seed, 7, SPLITS[self.split], int(index)])
@@ -100,7 +106,12 @@ class ToolTaskDataset(GeneratedDataset):
             if held == (self.split == "heldout"):
                 rec = {"prompt": p["prompt"], "answer": p["answer"], "level": level,
                        "id": f"tool-{self.split}-{self.seed}-{index}"}
-                if self.transcripts:
+                if self.transcripts and self._uses_tool(index):
                     rec["target"] = p["target"]
                 return rec
         raise RuntimeError(f"no {self.split} tool problem of level {level} in {_MAX_DRAWS} draws")  # pragma: no cover
+
+    def _uses_tool(self, index: int) -> bool:
+        if self.tool_fraction >= 1.0:
+            return True
+        return float(np.random.default_rng([self.seed, 11, SPLITS[self.split], int(index)]).random()) < self.tool_fraction
