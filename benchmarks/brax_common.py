@@ -170,15 +170,22 @@ def _median_summary(runs: list[dict]) -> dict:
     return out
 
 
-def run_sides(args, clock, run_brax, run_ours) -> tuple[list[str], dict]:
-    """Runs Brax's side and ours in the order ``args.order`` says (``args.repeats`` times,
-    alternating who goes first; ``args.only`` picks one side) and returns the order and
-    each side's median summary."""
+def _schedule(args, how: str) -> list[str]:
+    """The sides' runs in order: ``args.order`` first, ``args.repeats`` times, alternating
+    who goes first (``args.only`` picks one side)."""
     first = ["brax", "ours"] if args.order == "brax-first" else ["ours", "brax"]
     if args.only != "both":
         first = [args.only]
     schedule = [side for r in range(args.repeats) for side in (first if r % 2 == 0 else first[::-1])]
-    log(f"order: {' -> '.join(schedule)} (one process, sequential; repeats alternate who goes first)")
+    log(f"order: {' -> '.join(schedule)} ({how}; repeats alternate who goes first)")
+    return schedule
+
+
+def run_sides(args, clock, run_brax, run_ours) -> tuple[list[str], dict]:
+    """Runs Brax's side and ours in the order ``args.order`` says (``args.repeats`` times,
+    alternating who goes first; ``args.only`` picks one side) and returns the order and
+    each side's median summary."""
+    schedule = _schedule(args, "one process, sequential")
     runs: dict[str, list[dict]] = {}
     for i, side in enumerate(schedule):
         log(f"--- {side} (run {i + 1}/{len(schedule)}) ---")
@@ -211,11 +218,7 @@ def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple
     without the project's XLA flags; ours: what ``python -m rlinf_jax.train`` would start
     JAX with). The children's progress passes through; each one's summary is its last
     stdout line."""
-    first = ["brax", "ours"] if args.order == "brax-first" else ["ours", "brax"]
-    if args.only != "both":
-        first = [args.only]
-    schedule = [side for r in range(args.repeats) for side in (first if r % 2 == 0 else first[::-1])]
-    log(f"order: {' -> '.join(schedule)} (each run in its own process; repeats alternate who goes first)")
+    schedule = _schedule(args, "each run in its own process")
     runs: dict[str, list[dict]] = {}
     for i, side in enumerate(schedule):
         env = own_env(side)
