@@ -132,15 +132,18 @@ class HostPPO(Trainer):
     def _zeros(self, *lead):
         return jax.tree.map(lambda sd: np.zeros((*lead, *sd.shape), sd.dtype), self._obs_spec())
 
-    def _read(self, pool: HostEnvPool, which: str, sl: slice):
+    def _read(self, pool: HostEnvPool, which: str, sl: slice, copy: bool = True):
         """Observations of envs ``sl`` in ``pool``'s block: ``which`` is "obs" (current) or
-        "final_obs" (what a step ended on); copies."""
+        "final_obs" (what a step ended on); copies, or with ``copy=False`` read-only views
+        for a caller that copies them on at once (the rollout's numpy buffers; a jitted
+        call may read its numpy input after returning, while the workers write the block)."""
         arr = pool.arrays
+        own = np.array if copy else np.asarray
         if not self.camera:
-            return arr[which][sl].copy()
-        proprio = arr[which][sl].copy()
-        image = arr["image" if which == "obs" else "final_image"][sl].copy()
-        tokens = np.broadcast_to(self.env.tokens, (proprio.shape[0], *self.env.tokens.shape)).copy()
+            return own(arr[which][sl])
+        proprio = own(arr[which][sl])
+        image = own(arr["image" if which == "obs" else "final_image"][sl])
+        tokens = own(np.broadcast_to(self.env.tokens, (proprio.shape[0], *self.env.tokens.shape)))
         return {"image": image, "tokens": tokens, "proprio": proprio}
 
     # ---------------------------------------------------------------- pools
@@ -238,8 +241,8 @@ class HostPPO(Trainer):
         def collect(t, sl):  # the results of step t of micro-batch sl, once its workers answered
             for k in ("reward", "done", "truncated", "episode_return", "episode_length", "episode_success"):
                 buf[k][t, sl] = arr[k][sl]
-            _put(buf["final_obs"], (t, sl), self._read(pool, "final_obs", sl))
-            _put(obs, sl, self._read(pool, "obs", sl))
+            _put(buf["final_obs"], (t, sl), self._read(pool, "final_obs", sl, copy=False))
+            _put(obs, sl, self._read(pool, "obs", sl, copy=False))
 
         for t in range(T):
             for m in range(self.num_micro):
