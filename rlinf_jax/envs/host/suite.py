@@ -15,6 +15,7 @@ from __future__ import annotations
 import numbers
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from rlinf_jax.errors import BadInput
 HOST_SUITES = ("gym",)
 RESET_MODES = ("cached", "fresh")
 ROBOSUITE = "robosuite:"  # the worker's prefix of robosuite env names
+LIBERO = "libero:"  # and of LIBERO's tasks (libero:<suite>/<task>)
+CAMERA_SIMULATORS = (ROBOSUITE, LIBERO)
 # The instruction of each robosuite task (by the name's prefix: PickPlaceCan is a
 # PickPlace); any other task is named by its own words ("NutAssembly" -> "nut assembly").
 INSTRUCTIONS = {
@@ -36,7 +39,10 @@ INSTRUCTIONS = {
 }
 
 
-def instruction(env_id: str) -> str:
+def instruction(env_id: str, stated: str = "") -> str:
+    """The task's instruction: the one the simulator states (LIBERO's), else the table's."""
+    if stated:
+        return stated.lower()
     task = env_id[len(ROBOSUITE):] if env_id.startswith(ROBOSUITE) else env_id
     for prefix, text in INSTRUCTIONS.items():
         if task.startswith(prefix):
@@ -44,10 +50,10 @@ def instruction(env_id: str) -> str:
     return " ".join(re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", task)).lower() or task.lower()
 
 
-def instruction_tokens(env_id: str) -> tuple[np.ndarray, int]:
+def instruction_tokens(env_id: str, stated: str = "") -> tuple[np.ndarray, int]:
     """``(word ids int32 [L], vocabulary size)``: id 0 pads (the VLA's convention), the
     instruction's distinct words take 1.. in order of first use."""
-    words = instruction(env_id).split()
+    words = instruction(env_id, stated).split()
     vocab = {w: i + 1 for i, w in enumerate(dict.fromkeys(words))}
     return np.asarray([vocab[w] for w in words], np.int32), len(vocab) + 1
 
@@ -81,11 +87,11 @@ class HostEnv:
 
     @property
     def tokens(self) -> np.ndarray:
-        return instruction_tokens(self.spec.env_id)[0]
+        return instruction_tokens(self.spec.env_id, self.spec.instruction)[0]
 
     @property
     def vocab_size(self) -> int:
-        return instruction_tokens(self.spec.env_id)[1]
+        return instruction_tokens(self.spec.env_id, self.spec.instruction)[1]
 
     # One action per step (no chunks): the policy's action is [B, 1, action_size].
     chunk_length = 1
@@ -105,6 +111,25 @@ def _positive(value, what: str):
     return value
 
 
+def _assets_dir(cfg: EnvConfig) -> str:
+    """``env.assets_dir`` as an absolute folder; LIBERO's tasks need it (their package ships
+    no scene assets and nothing is downloaded)."""
+    value = cfg.assets_dir or ""
+    if not isinstance(value, str):
+        raise BadInput(f"env.assets_dir must be a folder path, got {value!r}")
+    if str(cfg.name).startswith(LIBERO) and not value:
+        raise BadInput(
+            f"env.name={cfg.name} needs LIBERO's scene assets, which its package does not ship: set "
+            "env.assets_dir to the folder holding scenes/, articulated_objects/, ... (docs/simulators.md, LIBERO)"
+        )
+    if not value:
+        return ""
+    path = Path(value).expanduser().resolve()
+    if not path.is_dir():
+        raise BadInput(f"env.assets_dir={value} is not a folder")
+    return str(path)
+
+
 def host_spec(cfg: EnvConfig) -> HostEnvSpec:
     """The worker spec of ``cfg``, with the sizes asked of the simulator (one worker).
     An unknown env id, an unstartable interpreter or bad numbers are refused in one line."""
@@ -120,8 +145,10 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         camera = ""
     if not isinstance(camera, str) or (camera and not re.fullmatch(r"[A-Za-z0-9_]+", camera)):
         raise BadInput(f"env.camera must be a camera name (e.g. agentview) or empty, got {camera!r}")
-    if camera and not str(cfg.name).startswith(ROBOSUITE):
-        raise BadInput(f"env.camera={camera} needs a robosuite env (env.name=robosuite:Lift, ...), got {cfg.name!r}")
+    if camera and not str(cfg.name).startswith(CAMERA_SIMULATORS):
+        raise BadInput(f"env.camera={camera} needs a robosuite or LIBERO env (env.name=robosuite:Lift, "
+                       f"libero:libero_object/0, ...), got {cfg.name!r}")
+    assets_dir = _assets_dir(cfg)
     if camera:
         size = cfg.image_size
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 8 <= size <= 1024:
@@ -135,5 +162,6 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         env_kwargs=dict(cfg.gym_kwargs or {}),
         camera=camera,
         image_size=int(cfg.image_size) if camera else 0,
+        assets_dir=assets_dir,
     )
     return describe(spec)

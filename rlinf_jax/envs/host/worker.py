@@ -53,10 +53,18 @@ def episode_seed(seed: int, env_index: int, episode: int) -> int:
 
 
 ROBOSUITE = "robosuite:"
+LIBERO = "libero:"
 
 
-def make_env(env_id: str, kwargs: dict, max_base_steps: int, camera: str = "", image_size: int = 0):
+def make_env(env_id: str, kwargs: dict, max_base_steps: int, camera: str = "", image_size: int = 0,
+             assets_dir: str = ""):
     # The simulator is imported here, in the worker only: the parent needs none of it.
+    if env_id.startswith(LIBERO):
+        try:
+            from rlinf_jax.envs.host.libero_task import libero_env  # imported as part of the package
+        except ImportError:
+            from libero_task import libero_env  # run as a script, beside this file, under LIBERO's interpreter
+        return libero_env(env_id, kwargs, max_base_steps, camera, image_size, assets_dir)
     if env_id.startswith(ROBOSUITE):
         return robosuite_env(env_id[len(ROBOSUITE) :], kwargs, max_base_steps, camera, image_size)
     if camera:
@@ -200,7 +208,7 @@ class Slice:
         self.a = {k: v[self.lo : self.hi] for k, v in arrays.items()}
         self.envs = [
             make_env(spec["env_id"], spec.get("env_kwargs", {}), self.limit * self.repeat, spec.get("camera", ""),
-                     int(spec.get("image_size", 0)))
+                     int(spec.get("image_size", 0)), spec.get("assets_dir", ""))
             for _ in range(self.hi - self.lo)
         ]
         self.camera = "image" in self.a
@@ -332,13 +340,15 @@ def main(argv: list[str]) -> int:
     try:
         if spec.get("describe_only"):
             env = make_env(spec["env_id"], spec.get("env_kwargs", {}), 2, spec.get("camera", ""),
-                           int(spec.get("image_size", 0)))
+                           int(spec.get("image_size", 0)), spec.get("assets_dir", ""))
             try:
                 d = describe(env)
                 # Whether the env reports success (MetaWorld's info["success"]): one step shows it.
                 env.reset(seed=0)
                 info = env.step(((np.asarray(d["action_low"]) + np.asarray(d["action_high"])) / 2).reshape(env.action_space.shape))[4]
                 d["has_success"] = any(k in info for k in ("success", "is_success"))
+                # A task's own instruction (LIBERO's), for a VLA's tokens.
+                d["instruction"] = str(getattr(env.unwrapped, "instruction", ""))
                 _send(reply, "ready " + json.dumps(d))
             finally:
                 env.close()
