@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-"""robosuite's camera through the env workers: env-steps/s of a `HostEnvPool` stepped with
-random actions (no policy), with and without the ``agentview`` camera.
+"""robosuite's and LIBERO's cameras through the env workers: env-steps/s of a `HostEnvPool`
+stepped with random actions (no policy), with and without the ``agentview`` camera.
 
 For each task, observation (state only; the camera at each ``--sizes`` px) and layout
 (1 env on 1 worker; 2 envs on 2 workers), the pool steps ``--warmup`` untimed steps and
-then ``--steps`` timed ones. Needs robosuite's worker environment
-(``python -m rlinf_jax.envs.install robosuite``); rendering is EGL's unless ``MUJOCO_GL``
-says otherwise. The last stdout line is JSON: one row per configuration.
+then ``--steps`` timed ones. A task is a robosuite environment's name or a full env name
+(``libero:libero_object/0``). Needs the simulator's worker environment (``python -m
+rlinf_jax.envs.install robosuite``, ``.. libero --assets``); rendering is EGL's unless
+``MUJOCO_GL`` says otherwise. The last stdout line is JSON: one row per configuration.
 
     python benchmarks/hostsim_camera.py                         # Lift; state, 64 px, 128 px
     python benchmarks/hostsim_camera.py --tasks Lift Stack Door PickPlaceCan --sizes 64 --layouts 1
+    python benchmarks/hostsim_camera.py --tasks libero:libero_object/0 libero:libero_spatial/0
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import numpy as np
 
 from rlinf_jax.envs.host import HostEnvPool, HostEnvSpec, describe
-from rlinf_jax.envs.install import recorded_python
+from rlinf_jax.envs.install import assets_dir, recorded_python
 
 
 def main() -> None:
@@ -33,14 +35,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=35)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()
-    python = recorded_python("robosuite")
     rows = []
     for task in args.tasks:
+        env_id = task if ":" in task else f"robosuite:{task}"
+        simulator = env_id.split(":")[0]
+        python, assets = recorded_python(simulator), assets_dir(simulator)
         for size in args.sizes:
             camera = args.camera if size else ""
             # A time limit no timed step reaches: resets (a rebuilt simulation) are not timed.
-            spec = describe(HostEnvSpec(f"robosuite:{task}", episode_length=10**6, python=python, camera=camera,
-                                        image_size=size))
+            spec = describe(HostEnvSpec(env_id, episode_length=10**6, python=python, camera=camera,
+                                        image_size=size, assets_dir=assets))
             for n in args.layouts:
                 pool = HostEnvPool(spec, num_envs=n, num_workers=n, seed=0)
                 try:

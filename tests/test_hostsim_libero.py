@@ -133,3 +133,12 @@ def test_ppo_of_a_tiny_vla_on_a_libero_task_runs_end_to_end(tmp_path):
     last = read_metrics(tmp_path / "ppo_vla_libero")[-1]
     assert last["step"] == 2 and np.isfinite(last["train/total_loss"]) and last["train/grad_norm"] > 0
     assert last["env/episodes"] >= 2 and "eval/success" in last
+
+
+def test_asset_packages_are_offered_only_where_they_are_known(capsys, tmp_path):
+    from rlinf_jax.envs.install import main
+
+    assert main(["gym", "--assets", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --assets") and "libero" in err and "\n" not in err, err
+    assert not any(tmp_path.iterdir())  # refused before anything was built
