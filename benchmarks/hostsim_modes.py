@@ -25,6 +25,7 @@ iterations (``rollout_ratio``: rollouts alone).
 
     python benchmarks/hostsim_modes.py                       # HalfCheetah-v5, 32 envs, 2 workers
     python benchmarks/hostsim_modes.py --env Hopper-v5 --num-envs 64 --repeats 5
+    python benchmarks/hostsim_modes.py --workers 1 --policy-cpus 0 --worker-cpus 1   # a core each
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def _trainer(args, micro: int):
         "algorithm.num_minibatches=4", "algorithm.update_epochs=1", "env.num_eval_envs=2",
         f"actor.model.policy_hidden_sizes=[{args.hidden},{args.hidden},{args.hidden}]",
         "actor.model.value_hidden_sizes=[256,256]", "runner.progress_bar=false", "env.reset_mode=fresh",
+        f"env.worker_cpus=[{','.join(map(str, args.worker_cpus))}]",
     ]
     trainer = build_trainer(load_config("ppo_gym_mujoco", overrides))
     state = trainer.init()
@@ -131,7 +133,15 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mjx-steps", type=int, default=50)
+    p.add_argument("--policy-cpus", type=int, nargs="*", default=[],
+                   help="cores of this process (policy, update); pinned before JAX starts its threads")
+    p.add_argument("--worker-cpus", type=int, nargs="*", default=[], help="cores of the env workers (env.worker_cpus)")
     args = p.parse_args()
+    if args.policy_cpus:
+        # Every thread that exists (importing JAX starts some); JAX's CPU client and its
+        # thread pool start at the first computation, below, and inherit the pinning.
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), args.policy_cpus)
 
     modes = {"sequential": 1, "pipelined": 2}
     built = {name: _trainer(args, micro) for name, micro in modes.items()}
@@ -163,7 +173,7 @@ def main() -> None:
             trainer.close()
     mjx_rate = _mjx_steps_per_sec(args.env, args.num_envs, args.mjx_steps)
     out = {"env": args.env, "num_envs": args.num_envs, "workers": args.workers, "cpu_count": os.cpu_count(),
-           "policy_hidden": [args.hidden] * 3}
+           "policy_hidden": [args.hidden] * 3, "policy_cpus": args.policy_cpus, "worker_cpus": args.worker_cpus}
     for name in modes:
         out[name] = {
             "env_steps_per_sec": round(statistics.median(rounds[name]["iter"]), 1),

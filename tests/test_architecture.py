@@ -50,11 +50,16 @@ DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "pro
 OPTIONAL = {
     "brax", "mujoco_playground", "torch", "transformers", "ray", "reasoning_gym", "math_verify",
     "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium", "bm25s", "skyrl_gym", "robosuite",
+    "libero", "yaml",
+    # A worker script's sibling, imported on its simulator's path only.
+    "libero_task",
 }
 # Scripts run as worker processes under any interpreter (env.worker_python): the standard
 # library, numpy and the simulator only; never JAX, never the package itself.
-WORKER_SCRIPTS = {"rlinf_jax.envs.host.worker"}
-WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium", "robosuite"}
+WORKER_SCRIPTS = {"rlinf_jax.envs.host.worker", "rlinf_jax.envs.host.libero_task"}
+WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium", "robosuite",
+                  "atexit", "importlib", "io", "pickle", "shutil", "tempfile", "zipfile", "yaml", "libero",
+                  "libero_task"}
 
 
 def _modules() -> dict[str, Path]:

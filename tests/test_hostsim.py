@@ -197,6 +197,27 @@ def test_a_missing_interpreter_is_refused_in_one_line(tmp_path):
         describe(HostEnvSpec("InvertedPendulum-v5", episode_length=10, python=str(tmp_path / "nope")))
 
 
+def test_workers_run_on_the_cores_they_are_given():
+    last = max(os.sched_getaffinity(0))
+    pool = HostEnvPool(HostEnvSpec(TOY, episode_length=5, cpus=(last,)), 2, 2, seed=0)
+    try:
+        for w in pool.workers:
+            assert os.sched_getaffinity(w.proc.pid) == {last}
+    finally:
+        pool.close()
+
+
+def test_bad_worker_cores_are_refused_in_one_line():
+    from rlinf_jax.config import load_config
+    from rlinf_jax.envs.host.suite import host_spec
+
+    for value, words in (("[0,0]", "distinct core numbers"), (f"[{os.cpu_count()}]", "which this machine does not have")):
+        cfg = load_config("ppo_gym_mujoco", [f"env.worker_cpus={value}"])
+        with pytest.raises(BadInput, match=words) as e:
+            host_spec(cfg.env)
+        assert "\n" not in str(e.value)
+
+
 def test_close_frees_the_shared_block_and_is_idempotent():
     pool = HostEnvPool(HostEnvSpec(TOY, episode_length=5), 2, 2, seed=0)
     name = pool._shm.name

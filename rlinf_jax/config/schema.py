@@ -86,6 +86,10 @@ class EnvConfig:
     # "" = this interpreter; a path to another one; or the name of a worker environment
     # built by `python -m rlinf_jax.envs.install NAME` (e.g. metaworld).
     worker_python: str = ""
+    # The CPU cores the env workers run on (every core they may use, [] = no pinning): the
+    # host's analogue of placing the env component on devices of its own, e.g. [1] with the
+    # trainer started under `taskset -c 0`, so policy and simulator never share a core.
+    worker_cpus: list[int] = field(default_factory=list)
     step_timeout_s: float = 60.0
     # Keyword arguments of gymnasium.make (e.g. {env_name: reach-v3} for Meta-World/MT1).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)

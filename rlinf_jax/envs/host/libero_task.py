@@ -27,6 +27,7 @@ library, numpy and the simulator.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import io
 import os
@@ -161,8 +162,6 @@ def _configure(root: str, assets: str) -> None:
     """Writes LIBERO's config into a fresh temporary folder (removed when the process
     exits) and points LIBERO at it and at ``assets``, before LIBERO is first imported."""
     if not _CONFIG_DIR:
-        import atexit
-
         import yaml  # LIBERO's own dependency: it reads this file with it
 
         config_dir = tempfile.mkdtemp(prefix="libero-config-")

@@ -63,6 +63,8 @@ class HostEnvSpec:
     assets_dir: str = ""
     # The task's own instruction when the simulator states one (LIBERO), else "".
     instruction: str = ""
+    # The CPU cores the workers are pinned to (() = not pinned).
+    cpus: tuple = ()
 
     @property
     def time_limit(self) -> int:
@@ -256,7 +258,7 @@ class HostEnvPool:
         s = self.spec
         return _Worker(s.python, {
             "env_id": s.env_id, "env_kwargs": s.env_kwargs, "camera": s.camera, "image_size": s.image_size,
-            "assets_dir": s.assets_dir, "seed": self.seed, "slices": self.slices[w],
+            "assets_dir": s.assets_dir, "cpus": list(s.cpus), "seed": self.seed, "slices": self.slices[w],
             "action_repeat": s.action_repeat, "time_limit": s.time_limit, "reset_mode": s.reset_mode,
             "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, mode: True,
         })

@@ -13,6 +13,7 @@ instruction as word ids (one fixed instruction per task, in a vocabulary of its 
 from __future__ import annotations
 
 import numbers
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,19 @@ def _assets_dir(cfg: EnvConfig) -> str:
     return str(path)
 
 
+def _worker_cpus(value) -> tuple:
+    """``env.worker_cpus``: distinct cores of this machine (not only this process's: the
+    trainer may be pinned to cores the workers are kept off)."""
+    cpus = list(value or [])
+    allowed = list(range(os.cpu_count() or 1))
+    if any(isinstance(c, bool) or not isinstance(c, numbers.Integral) for c in cpus) or len(set(cpus)) != len(cpus):
+        raise BadInput(f"env.worker_cpus must be a list of distinct core numbers, got {value!r}")
+    outside = [c for c in cpus if c not in allowed]
+    if outside:
+        raise BadInput(f"env.worker_cpus names core {outside[0]}, which this machine does not have (cores {allowed[0]}..{allowed[-1]})")
+    return tuple(int(c) for c in cpus)
+
+
 def host_spec(cfg: EnvConfig) -> HostEnvSpec:
     """The worker spec of ``cfg``, with the sizes asked of the simulator (one worker).
     An unknown env id, an unstartable interpreter or bad numbers are refused in one line."""
@@ -163,5 +177,6 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         camera=camera,
         image_size=int(cfg.image_size) if camera else 0,
         assets_dir=assets_dir,
+        cpus=_worker_cpus(cfg.worker_cpus),
     )
     return describe(spec)

@@ -60,10 +60,9 @@ def make_env(env_id: str, kwargs: dict, max_base_steps: int, camera: str = "", i
              assets_dir: str = ""):
     # The simulator is imported here, in the worker only: the parent needs none of it.
     if env_id.startswith(LIBERO):
-        try:
-            from rlinf_jax.envs.host.libero_task import libero_env  # imported as part of the package
-        except ImportError:
-            from libero_task import libero_env  # run as a script, beside this file, under LIBERO's interpreter
+        # The file beside this one: workers always run as scripts, this folder on sys.path.
+        from libero_task import libero_env
+
         return libero_env(env_id, kwargs, max_base_steps, camera, image_size, assets_dir)
     if env_id.startswith(ROBOSUITE):
         return robosuite_env(env_id[len(ROBOSUITE) :], kwargs, max_base_steps, camera, image_size)
@@ -333,6 +332,9 @@ def _send(fd: int, text: str) -> None:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
+    if spec.get("cpus"):
+        # Before the simulator is imported: threads it starts inherit the pinning.
+        os.sched_setaffinity(0, spec["cpus"])
     cmd = os.fdopen(spec["cmd_fd"], "rb", buffering=0)
     reply = spec["reply_fd"]
     block = None
