@@ -64,7 +64,67 @@ def _take(tree, index):
     return jax.tree.map(lambda x: x[index], tree)
 
 
-class HostPPO(Trainer):
+class HostPools:
+    """The worker pools of a host-simulator trainer: the training batch's (``pool``) and
+    the evaluation's (``eval_pool``, opened at the first evaluation), their restarts
+    counted across reopenings, and deterministic evaluation episodes. Its subclass sets
+    ``cfg``, ``env`` and ``eval_env`` (`HostEnv`s)."""
+
+    pool: HostEnvPool | None = None
+    eval_pool: HostEnvPool | None = None
+    _restarts_before = 0
+
+    def _open_pool(self, episode_index, num_groups: int = 1) -> None:
+        e = self.cfg.env
+        self._close_pool("pool")
+        self.pool = HostEnvPool(
+            self.env.spec, self.env.num_envs, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
+            episode_index=episode_index, step_timeout_s=e.step_timeout_s,
+        )
+
+    def _close_pool(self, name: str) -> None:
+        pool = getattr(self, name)
+        if pool is not None:
+            self._restarts_before += pool.restarts
+            setattr(self, name, None)
+            pool.close()
+
+    def eval_episodes(self, act, key) -> dict:
+        """One episode per eval env under ``act`` (observations of the eval pool -> actions
+        [n, ...]), each from a seed drawn from ``key``: return, length and success per env."""
+        e = self.cfg.env
+        if self.eval_pool is None:
+            self.eval_pool = HostEnvPool(
+                self.eval_env.spec, self.eval_env.num_envs, min(e.num_workers, self.eval_env.num_envs),
+                seed=0, step_timeout_s=e.step_timeout_s,
+            )
+        pool = self.eval_pool
+        pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+        n = self.eval_env.num_envs
+        ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
+        for _ in range(self.env.spec.time_limit):
+            action = np.asarray(act(pool))
+            pool.step(action.reshape(action.shape[0], -1))
+            ret += pool.arrays["reward"] * alive
+            length += alive
+            ended = alive * pool.arrays["done"]
+            success = np.where(ended > 0, pool.arrays["episode_success"], success)
+            alive *= 1.0 - pool.arrays["done"]
+            if not alive.any():
+                break
+        return {"return": ret, "length": length, "success": success}
+
+    def flow_stats(self) -> dict[str, float]:
+        restarts = self._restarts_before + sum(p.restarts for p in (self.pool, self.eval_pool) if p is not None)
+        return {"env/worker_restarts": float(restarts)}
+
+    def close(self) -> None:
+        self._close_pool("pool")
+        self._close_pool("eval_pool")
+
+
+
+class HostPPO(HostPools, Trainer):
     def __init__(self, cfg: Config, setup: Setup, mesh):
         if len(mesh.devices.flat) != 1:
             raise BadInput(
@@ -103,9 +163,6 @@ class HostPPO(Trainer):
         self.learn = jax.jit(functools.partial(ppo.learn, self.learner), donate_argnums=0)
         self.infer = jax.jit(self._infer)
         self.act_eval = jax.jit(self._act_eval)
-        self.pool: HostEnvPool | None = None
-        self.eval_pool: HostEnvPool | None = None
-        self._restarts_before = 0
 
     # ------------------------------------------------------------- programs
     def _infer(self, params, stats, obs, rollout_key, t, first_env):
@@ -146,22 +203,6 @@ class HostPPO(Trainer):
         tokens = own(np.broadcast_to(self.env.tokens, (proprio.shape[0], *self.env.tokens.shape)))
         return {"image": image, "tokens": tokens, "proprio": proprio}
 
-    # ---------------------------------------------------------------- pools
-    def _open_pool(self, episode_index) -> None:
-        e = self.cfg.env
-        self._close_pool("pool")
-        self.pool = HostEnvPool(
-            self.env.spec, self.env.num_envs, e.num_workers, seed=self.cfg.runner.seed, num_groups=self.num_micro,
-            episode_index=episode_index, step_timeout_s=e.step_timeout_s,
-        )
-
-    def _close_pool(self, name: str) -> None:
-        pool = getattr(self, name)
-        if pool is not None:
-            self._restarts_before += pool.restarts
-            setattr(self, name, None)
-            pool.close()
-
     # ---------------------------------------------------------- trainer protocol
     def fresh_state(self) -> TrainState:
         """The state of step 0 as a checkpoint holds it (no worker started)."""
@@ -191,7 +232,7 @@ class HostPPO(Trainer):
                 f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
                 f"{self.env.num_envs}; resume with the run's env.num_envs"
             )
-        self._open_pool(episode_index)
+        self._open_pool(episode_index, self.num_micro)
         learner = replicate(ts.replace(env_state=None), self.mesh)
         return HostState(learner=learner, obs=self._read(self.pool, "obs", slice(None)))
 
@@ -301,42 +342,15 @@ class HostPPO(Trainer):
 
     def evaluate(self, params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
-        e = self.cfg.env
-        if self.eval_pool is None:
-            self.eval_pool = HostEnvPool(
-                self.eval_env.spec, self.eval_env.num_envs, min(e.num_workers, self.eval_env.num_envs),
-                seed=0, step_timeout_s=e.step_timeout_s,
-            )
-        pool = self.eval_pool
-        pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
-        n = self.eval_env.num_envs
-        ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
-        for _ in range(self.env.spec.time_limit):
-            action = np.asarray(self.act_eval(params, stats, self._read(pool, "obs", slice(None))))
-            pool.step(action.reshape(action.shape[0], -1))
-            ret += pool.arrays["reward"] * alive
-            length += alive
-            ended = alive * pool.arrays["done"]
-            success = np.where(ended > 0, pool.arrays["episode_success"], success)
-            alive *= 1.0 - pool.arrays["done"]
-            if not alive.any():
-                break
+        episodes = self.eval_episodes(lambda pool: self.act_eval(params, stats, self._read(pool, "obs", slice(None))), key)
         out = {
-            "eval/return": float(np.mean(ret)),
-            "eval/return_std": float(np.std(ret)),
-            "eval/episode_length": float(np.mean(length)) * self.substeps,
+            "eval/return": float(np.mean(episodes["return"])),
+            "eval/return_std": float(np.std(episodes["return"])),
+            "eval/episode_length": float(np.mean(episodes["length"])) * self.substeps,
         }
         if self.has_success:
-            out["eval/success"] = float(np.mean(success))
+            out["eval/success"] = float(np.mean(episodes["success"]))
         return out
 
     def summarize(self, sums, n):
         return ppo.summarize(sums, n, self.substeps, self.has_success)
-
-    def flow_stats(self) -> dict[str, float]:
-        restarts = self._restarts_before + sum(p.restarts for p in (self.pool, self.eval_pool) if p is not None)
-        return {"env/worker_restarts": float(restarts)}
-
-    def close(self) -> None:
-        self._close_pool("pool")
-        self._close_pool("eval_pool")

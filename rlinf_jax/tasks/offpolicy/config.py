@@ -7,7 +7,8 @@ from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.mlp import ACTIVATIONS
-from rlinf_jax.tasks.embodied.config import ENV
+from rlinf_jax.envs.host.suite import is_host_suite
+from rlinf_jax.tasks.embodied.config import ENV, HOST
 
 ALGORITHMS = ("sac", "crossq", "rlpd", "iql")
 # The algorithms that read a dataset of transitions (algorithm.demo_path).
@@ -53,6 +54,8 @@ def reads(cfg: Config) -> Reads:
         keys |= DATA
     if name == "rlpd":
         keys |= {"algorithm.demo_ratio"}
+    if is_host_suite(cfg.env):
+        keys |= HOST
     if name != "crossq" and cfg.algorithm.critic_norm == "batch_renorm":
         keys |= RENORM
     return Reads(frozenset(keys), HINTS)

@@ -12,15 +12,26 @@ from rlinf_jax.tasks.offpolicy.run import build_trainer
 
 
 def restore(point, cfg: Config):
-    """``(trainer, state)``: the checkpoint at ``point`` on a collocated trainer of ``cfg``."""
+    """``(trainer, state)``: the checkpoint at ``point`` on a collocated trainer of ``cfg``
+    (on a host simulator the checkpoint's arrays, no worker started; the caller closes the
+    trainer, which evaluation's pools need)."""
     cfg.cluster.component_placement = "collocated"
     trainer = build_trainer(cfg)
-    state, _ = restore_checkpoint(point, trainer.snapshot(trainer.init()), keep=cfg.runner.keep_checkpoints)
-    return trainer, trainer.start(state)
+    host = hasattr(trainer, "checkpoint_target")  # a host simulator's trainer gives the layout without workers
+    try:
+        target = trainer.checkpoint_target() if host else trainer.snapshot(trainer.init())
+        state, _ = restore_checkpoint(point, target, keep=cfg.runner.keep_checkpoints)
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer, state if host else trainer.start(state)
 
 
 def evaluate(point, cfg: Config, seed: int = 0) -> tuple[int, dict]:
     """``(step, eval metrics)`` of the checkpoint at ``point`` of a run with config ``cfg``."""
     trainer, state = restore(point, cfg)
-    metrics = trainer.evaluate(state.actor, state.obs_stats, jax.random.PRNGKey(seed))
+    try:
+        metrics = trainer.evaluate(state.actor, state.obs_stats, jax.random.PRNGKey(seed))
+    finally:
+        trainer.close()
     return int(state.step), {k: float(v) for k, v in metrics.items()}

@@ -9,12 +9,14 @@ from typing import ClassVar
 import jax
 
 from rlinf_jax.config.schema import Config
+from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
+from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
 from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
@@ -24,7 +26,8 @@ COMPONENTS = ("env", "rollout", "actor")
 
 
 def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None):
-    """The fused trainer where it applies (collocated, synchronous), the staged one elsewhere."""
+    """The fused trainer where it applies (collocated, synchronous), the staged one elsewhere;
+    on a host simulator the host loop's."""
     setup = make_setup(cfg) if setup is None else setup
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
     devices = jax.devices()[:num_devices]
@@ -35,7 +38,9 @@ def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=No
                 "(collocated, disaggregated, hybrid) or a mapping"
             )
         placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
-    if runners.fused(cfg.flow, placement):
+    if is_host_suite(cfg.env):
+        trainer = HostOffPolicy(cfg, setup, component_mesh(placement, "actor", devices))
+    elif runners.fused(cfg.flow, placement):
         trainer = OffPolicyTrainer(cfg, setup, component_mesh(placement, "actor", devices))
     else:
         trainer = StagedOffPolicy(cfg, setup, placement, devices)

@@ -15,6 +15,7 @@ from flax import nnx
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.envs.base import Env
+from rlinf_jax.envs.host.suite import HostEnv, host_spec, is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adam
 from rlinf_jax.policies.offpolicy import QEnsemble, SquashedGaussianActor, ValueMLP
@@ -77,11 +78,19 @@ def optimizer(lr: float, cfg: Config) -> optax.GradientTransformation:
 def make_setup(cfg: Config) -> OffPolicySetup:
     """Envs, fresh networks seeded with ``runner.seed``, the learner's static parts and the
     dataset (checked against the env's sizes)."""
-    with local_devices_first():
-        env = make_env(cfg.env)
-        eval_env = make_eval_env(cfg.env)
-    if jax.tree.structure(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
-        raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
+    if is_host_suite(cfg.env):
+        # Host simulators: sizes now, worker processes when the trainer starts.
+        spec = host_spec(cfg.env)
+        if spec.camera:
+            raise BadInput(f"env.camera={spec.camera} gives structured observations; the off-policy family needs "
+                           "flat vectors: set env.camera=\"\"")
+        env, eval_env = HostEnv(spec, cfg.env.num_envs), HostEnv(spec, cfg.env.num_eval_envs)
+    else:
+        with local_devices_first():
+            env = make_env(cfg.env)
+            eval_env = make_eval_env(cfg.env)
+        if jax.tree.structure(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
+            raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
     a, m = cfg.algorithm, cfg.actor.model
     obs_size, act_size = env.observation_size, env.action_size
     rngs = nnx.Rngs(cfg.runner.seed)

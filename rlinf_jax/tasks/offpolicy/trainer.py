@@ -36,6 +36,50 @@ def preload(buffer, replay, dataset: TransitionBatch, num_envs: int):
     return jax.lax.scan(lambda r, step: (buffer.add(r, step), None), replay, chunks)[0]
 
 
+def initial_state(cfg: Config, setup: OffPolicySetup, learner: lib.Learner, key, env_state, replay) -> OffPolicyState:
+    """The state of step 0: the setup's networks (copied: the programs donate their
+    state), fresh optimisers and counters, around the given env state and buffer."""
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+    log_alpha = jnp.log(jnp.asarray(cfg.algorithm.init_alpha, jnp.float32))
+    critic = copy(setup.critic)
+    obs_size = setup.env.observation_size
+    return OffPolicyState(
+        actor=copy(setup.actor),
+        critic=critic,
+        critic_stats=copy(setup.critic_stats),
+        target_critic=copy(setup.critic) if learner.settings.has_target else nnx.State({}),
+        value=copy(setup.value),
+        log_alpha=log_alpha,
+        actor_opt=learner.actor_tx.init(setup.actor),
+        critic_opt=learner.critic_tx.init(critic),
+        alpha_opt=learner.alpha_tx.init(log_alpha),
+        value_opt=learner.value_tx.init(setup.value) if learner.value_tx is not None else nnx.State({}),
+        obs_stats=normalization.init_stats(obs_size),
+        env_state=env_state,
+        replay=replay,
+        key=key,
+        step=jnp.zeros((), jnp.int32),
+        env_steps=jnp.zeros((), jnp.int32),
+        grad_steps=jnp.zeros((), jnp.int32),
+        bad_iterations=jnp.zeros((), jnp.int32),
+        rollout_actor=copy(setup.actor),
+        rollout_stats=normalization.init_stats(obs_size),
+    )
+
+
+def empty_replay(learner: lib.Learner, setup: OffPolicySetup, obs, action_size: int):
+    """A new buffer for batches shaped like ``obs`` [num_envs, obs] (for iql holding the
+    dataset, which it learns from first)."""
+    num_envs = learner.settings.num_envs
+    reward = jnp.zeros((num_envs,), jnp.float32)
+    example = TransitionBatch(obs=jnp.asarray(obs), action=jnp.zeros((num_envs, action_size), jnp.float32),
+                              reward=reward, next_obs=jnp.asarray(obs), terminated=reward)
+    replay = jax.jit(learner.buffer.init)(example)
+    if learner.settings.algorithm == "iql":
+        replay = jax.jit(lambda r: preload(learner.buffer, r, setup.dataset, num_envs))(replay)
+    return replay
+
+
 class OffPolicyTrainer(Trainer):
     def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
         n = batch_divisor(mesh)
@@ -58,47 +102,14 @@ class OffPolicyTrainer(Trainer):
 
     # ----------------------------------------------------------------- state
     def fresh_state(self) -> OffPolicyState:
-        cfg, setup, learner = self.cfg, self.setup, self.learner
-        key = jax.random.PRNGKey(cfg.runner.seed)
+        key = jax.random.PRNGKey(self.cfg.runner.seed)
         key, reset_key = jax.random.split(key)
         env_state = jax.jit(self.env.reset)(reset_key)
-        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  (the chunk donates its state)
-        log_alpha = jnp.log(jnp.asarray(cfg.algorithm.init_alpha, jnp.float32))
-        critic = copy(setup.critic)
-        return OffPolicyState(
-            actor=copy(setup.actor),
-            critic=critic,
-            critic_stats=copy(setup.critic_stats),
-            target_critic=copy(setup.critic) if learner.settings.has_target else nnx.State({}),
-            value=copy(setup.value),
-            log_alpha=log_alpha,
-            actor_opt=learner.actor_tx.init(setup.actor),
-            critic_opt=learner.critic_tx.init(critic),
-            alpha_opt=learner.alpha_tx.init(log_alpha),
-            value_opt=learner.value_tx.init(setup.value) if learner.value_tx is not None else nnx.State({}),
-            obs_stats=normalization.init_stats(self.env.observation_size),
-            env_state=env_state,
-            replay=self.empty_replay(env_state),
-            key=key,
-            step=jnp.zeros((), jnp.int32),
-            env_steps=jnp.zeros((), jnp.int32),
-            grad_steps=jnp.zeros((), jnp.int32),
-            bad_iterations=jnp.zeros((), jnp.int32),
-            rollout_actor=copy(setup.actor),
-            rollout_stats=normalization.init_stats(self.env.observation_size),
-        )
+        return initial_state(self.cfg, self.setup, self.learner, key, env_state, self.empty_replay(env_state))
 
     def empty_replay(self, env_state):
         """A new buffer (for iql holding the dataset, which it learns from first)."""
-        learner = self.learner
-        example = TransitionBatch(
-            obs=env_state.obs, action=jnp.zeros((learner.settings.num_envs, self.env.action_size), jnp.float32),
-            reward=env_state.reward, next_obs=env_state.obs, terminated=env_state.reward,
-        )
-        replay = jax.jit(learner.buffer.init)(example)
-        if learner.settings.algorithm == "iql":
-            replay = jax.jit(lambda r: preload(learner.buffer, r, self.setup.dataset, learner.settings.num_envs))(replay)
-        return replay
+        return empty_replay(self.learner, self.setup, env_state.obs, self.env.action_size)
 
     def init(self) -> OffPolicyState:
         return self.place(self.fresh_state())

@@ -1,0 +1,78 @@
+"""The off-policy family on a host simulator (env.suite=gym): the number of workers changes
+no number, checkpoints carry the buffer and the episode counters, the saved actor
+evaluates, and the settings a host loop cannot honour are one error line."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from rlinf_jax.config import load_config
+from rlinf_jax.evaluate import main as evaluate_main
+from rlinf_jax.runtime import read_metrics
+from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
+from rlinf_jax.tasks.offpolicy.run import build_trainer
+from rlinf_jax.train import main as train_main
+
+pytest.importorskip("gymnasium")
+
+TINY = [
+    "env.num_envs=8", "env.num_eval_envs=2", "env.episode_length=20", "algorithm.rollout_length=4",
+    "algorithm.utd_ratio=2", "algorithm.batch_size=16", "algorithm.learning_starts=32", "algorithm.replay_size=512",
+    "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
+    "runner.progress_bar=false", "runner.tensorboard=false",
+]
+
+
+def _after(overrides, iterations=3):
+    trainer = build_trainer(load_config("sac_gym_mujoco", [*TINY, *overrides]))
+    assert isinstance(trainer, HostOffPolicy)
+    try:
+        state = trainer.init()
+        trainer.compile(state, jax.random.PRNGKey(0))
+        state, sums = trainer.run_iterations(state, iterations)
+        metrics = trainer.summarize(sums, iterations)
+        leaves = [np.asarray(x) for x in jax.tree.leaves((state.learner.actor, state.learner.critic))]
+        return leaves, metrics, trainer.run_eval(state, jax.random.PRNGKey(1))
+    finally:
+        trainer.close()
+
+
+def test_workers_change_no_number():
+    one, m1, e1 = _after(["env.num_workers=1"])
+    two, m2, e2 = _after(["env.num_workers=2"])
+    # Four random batched steps fill the 32 transitions learning waits for; the fourth's
+    # learner step is the first to learn: 1 + 8 steps of 2 gradient steps.
+    assert m1["rollout/random_actions"] == 4 and m1["train/gradient_steps"] == 2 + 2 * 4 * 2
+    assert m1["rollout/replay_size"] == 3 * 4 * 8
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    assert m1 == m2 and e1 == e2
+
+
+def test_a_run_saves_resumes_and_evaluates(tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["--config-name", "sac_gym_mujoco", *TINY, f"runner.output_dir={out}", "runner.eval_interval=2",
+            "runner.save_interval=2", "runner.experiment_name=run"]
+    assert train_main([*argv, "runner.max_steps=2"]) == 0
+    assert train_main([*argv, "runner.max_steps=4", "runner.resume=auto"]) == 0
+    records = read_metrics(out / "run")
+    assert [r["step"] for r in records if "eval/return" in r] == [2, 4]
+    # The buffer came back with the checkpoint: it holds all four iterations' transitions.
+    assert records[-1]["rollout/replay_size"] == 4 * 4 * 8
+    capsys.readouterr()
+    assert evaluate_main([str(out / "run")]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 4 and result["env"] == "gym/InvertedPendulum-v5" and result["eval/return"] > 0
+
+
+def test_what_a_host_loop_cannot_do_is_one_error_line(capsys):
+    base = ["--config-name", "sac_gym_mujoco", *TINY]
+    for override, words in ((["flow.max_staleness=1"], "flow.max_staleness=0"),
+                            (["env.camera=agentview"], "env.camera")):
+        assert train_main([*base, *override]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and words in err, err
