@@ -23,7 +23,8 @@ worker pool stepping it without a policy (``host_env_steps_per_sec``).
 The last stdout line is JSON with ``ratio`` = pipelined / sequential env-steps/s of whole
 iterations (``rollout_ratio``: rollouts alone).
 
-    python benchmarks/hostsim_modes.py                       # HalfCheetah-v5, 32 envs, 2 workers
+    python benchmarks/hostsim_modes.py                       # HalfCheetah-v5, 32 envs, 1 worker
+    python benchmarks/hostsim_modes.py --workers 2
     python benchmarks/hostsim_modes.py --env Hopper-v5 --num-envs 64 --repeats 5
     python benchmarks/hostsim_modes.py --workers 1 --policy-cpus 0 --worker-cpus 1   # a core each
 """
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -43,6 +45,9 @@ import numpy as np
 from rlinf_jax.config import load_config
 from rlinf_jax.envs.host import HostEnvPool
 from rlinf_jax.tasks.embodied.build import build_trainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded import warn_regressions  # noqa: E402
 
 
 def _cpu_seconds(pids) -> float:
@@ -127,7 +132,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("--env", default="HalfCheetah-v5")
     p.add_argument("--num-envs", type=int, default=32)
-    p.add_argument("--workers", type=int, default=2)
+    # One worker: on a 2-core CPU two workers already keep the cores busy in turn with the
+    # policy, leaving nothing idle for the overlap (benchmarks/README.md has both).
+    p.add_argument("--workers", type=int, default=1)
     p.add_argument("--rollout-length", type=int, default=32)
     p.add_argument("--hidden", type=int, default=256, help="policy width (3 layers)")
     p.add_argument("--iterations", type=int, default=3)
@@ -184,6 +191,7 @@ def main() -> None:
     out["mjx_env_steps_per_sec"] = round(mjx_rate, 1)
     out["rollout_ratio"] = round(out["pipelined"]["rollout_env_steps_per_sec"] / out["sequential"]["rollout_env_steps_per_sec"], 3)
     out["ratio"] = round(out["pipelined"]["env_steps_per_sec"] / out["sequential"]["env_steps_per_sec"], 3)
+    warn_regressions("hostsim_modes", out)
     print(json.dumps(out))
 
 
