@@ -75,6 +75,13 @@ class HostPools:
     _restarts_before = 0
 
     def _open_pool(self, episode_index, num_groups: int = 1) -> None:
+        """The training pool, every env starting the episode its checkpointed counter names."""
+        episode_index = np.asarray(episode_index)
+        if episode_index.shape != (self.env.num_envs,):
+            raise BadInput(
+                f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
+                f"{self.env.num_envs}; resume with the run's env.num_envs"
+            )
         e = self.cfg.env
         self._close_pool("pool")
         self.pool = HostEnvPool(
@@ -226,13 +233,7 @@ class HostPPO(HostPools, Trainer):
         return self.start(self.fresh_state())
 
     def start(self, ts: TrainState) -> HostState:
-        episode_index = np.asarray(ts.env_state["episode_index"])
-        if episode_index.shape != (self.env.num_envs,):
-            raise BadInput(
-                f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
-                f"{self.env.num_envs}; resume with the run's env.num_envs"
-            )
-        self._open_pool(episode_index, self.num_micro)
+        self._open_pool(ts.env_state["episode_index"], self.num_micro)
         learner = replicate(ts.replace(env_state=None), self.mesh)
         return HostState(learner=learner, obs=self._read(self.pool, "obs", slice(None)))
 

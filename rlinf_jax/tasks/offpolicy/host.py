@@ -101,16 +101,10 @@ class HostOffPolicy(HostPools, Trainer):
         return self.start(self.fresh_state())
 
     def start(self, restored: OffPolicyState) -> HostOffPolicyState:
-        episode_index = np.asarray(restored.env_state["episode_index"])
-        if episode_index.shape != (self.env.num_envs,):
-            raise BadInput(
-                f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
-                f"{self.env.num_envs}; resume with the run's env.num_envs"
-            )
         if restored.replay is None:
             obs = np.zeros((self.env.num_envs, self.env.observation_size), np.float32)
             restored = restored.replace(replay=empty_replay(self.learner, self.setup, obs, self.env.action_size))
-        self._open_pool(episode_index)
+        self._open_pool(restored.env_state["episode_index"])
         learner = replicate(restored.replace(env_state=None), self.mesh)
         return HostOffPolicyState(learner=learner, obs=np.array(self.pool.arrays["obs"]))
 
