@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from rlinf_jax.policies import distributions as dist
@@ -35,3 +36,35 @@ def test_actor_critic_act_logprob_consistent():
     logp2, ent, value = evaluate_actions(model, obs, raw, jax.random.PRNGKey(3))
     np.testing.assert_allclose(logp, logp2, rtol=1e-5)
     assert value.shape == (7,) and ent.shape == (7,)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_gradients():
+    """actor.model.compute_dtype=bfloat16: the products run in bfloat16 (so the outputs
+    differ from float32's by bfloat16's rounding, and no more), while parameters, gradients
+    and what the loss sees stay float32."""
+    from rlinf_jax.config import load_config
+    from rlinf_jax.errors import BadInput
+    from rlinf_jax.policies import mlp
+    from rlinf_jax.tasks.embodied.config import check
+
+    obs = jax.random.normal(jax.random.PRNGKey(1), (64, 5))
+    raw = jax.random.normal(jax.random.PRNGKey(2), (64, 3))
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        graph, params = nnx.split(mlp.ActorCritic(5, 3, (32, 32), (32, 32), rngs=nnx.Rngs(0), compute_dtype=dtype))
+        assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+
+        def loss(p):
+            logp, _, value = mlp.evaluate_actions(nnx.merge(graph, p), obs, raw, jax.random.PRNGKey(3))
+            return -logp.mean() + jnp.mean(value**2), (logp, value)
+
+        (value, (logp, v)), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        assert logp.dtype == v.dtype == jnp.float32
+        assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+        out[dtype] = (value, v, grads)
+    # Same parameters (same seed): bfloat16's 8-bit mantissa is the only difference.
+    np.testing.assert_allclose(out["bfloat16"][1], out["float32"][1], rtol=0.05, atol=0.02)
+    assert abs(float(out["bfloat16"][0] - out["float32"][0])) < 0.05 * abs(float(out["float32"][0]))
+    assert not np.array_equal(np.asarray(out["bfloat16"][1]), np.asarray(out["float32"][1]))  # it did run in bf16
+    with pytest.raises(BadInput, match="actor.model.compute_dtype='float16' is unknown"):
+        check(load_config("ppo_brax", ["actor.model.compute_dtype=float16"]))

@@ -115,6 +115,12 @@ class PolicyConfig:
     # Initial std of the Gaussian policy is softplus(param) + min_std, as in Brax.
     min_std: float = 0.001
     init_log_std: float = 0.0
+    # The control MLP's (kind=mlp) mixed precision: the dtype its matrix products run in
+    # (float32 | bfloat16). Parameters, optimiser state and the loss's distribution maths
+    # stay float32. bfloat16 halves activation traffic where the hardware has fast
+    # bfloat16 dots (GPUs, TPUs); XLA's CPU backend runs them slower than float32, so the
+    # default is float32.
+    compute_dtype: str = "float32"
     # Language models (runner.task sft | reasoning). ``path``: "" builds a fresh model of the
     # lm_* sizes below (the offline tiny character-level model); otherwise a run folder or
     # checkpoint of an sft/reasoning run, a Hugging Face directory (config.json + safetensors)

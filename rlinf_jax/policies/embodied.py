@@ -65,6 +65,7 @@ class GaussianMLPPolicy:
             m.min_std,
             m.init_log_std,
             rngs=rngs,
+            compute_dtype=m.compute_dtype,
         )
 
     def act(self, model, obs, keys):

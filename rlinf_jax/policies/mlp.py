@@ -33,11 +33,15 @@ def get_activation(name: str):
 
 
 class MLP(nnx.Module):
-    def __init__(self, sizes: Sequence[int], activation, *, rngs: nnx.Rngs):
+    """Dense layers; ``dtype`` is the compute dtype (float32 parameters either way), and the
+    output is float32 whatever it is."""
+
+    def __init__(self, sizes: Sequence[int], activation, *, rngs: nnx.Rngs, dtype=jnp.float32):
         init = nnx.initializers.lecun_uniform()
-        self.layers = nnx.List(
-            [nnx.Linear(a, b, kernel_init=init, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])]
-        )
+        self.layers = nnx.List([
+            nnx.Linear(a, b, kernel_init=init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+            for a, b in zip(sizes[:-1], sizes[1:])
+        ])
         self.activation = activation
 
     def __call__(self, x):
@@ -45,7 +49,7 @@ class MLP(nnx.Module):
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = self.activation(x)
-        return x
+        return x.astype(jnp.float32)
 
 
 class ActorCritic(nnx.Module):
@@ -60,10 +64,12 @@ class ActorCritic(nnx.Module):
         init_log_std: float = 0.0,
         *,
         rngs: nnx.Rngs,
+        compute_dtype: str = "float32",
     ):
         act = get_activation(activation)
-        self.policy = MLP([obs_size, *policy_hidden_sizes, 2 * action_size], act, rngs=rngs)
-        self.value = MLP([obs_size, *value_hidden_sizes, 1], act, rngs=rngs)
+        dtype = jnp.dtype(compute_dtype)
+        self.policy = MLP([obs_size, *policy_hidden_sizes, 2 * action_size], act, rngs=rngs, dtype=dtype)
+        self.value = MLP([obs_size, *value_hidden_sizes, 1], act, rngs=rngs, dtype=dtype)
         self.action_size = action_size
         self.min_std = min_std
         # Shifts softplus so that a zero raw output gives std = exp(init_log_std).

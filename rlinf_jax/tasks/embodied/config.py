@@ -33,7 +33,7 @@ TOWER = {f"actor.model.vla_{k}" for k in ("patch_size", "vision_hidden_size", "v
 MODELS = {
     "mlp": {
         "actor.model.kind", "actor.model.policy_hidden_sizes", "actor.model.value_hidden_sizes",
-        "actor.model.activation", "actor.model.min_std", "actor.model.init_log_std",
+        "actor.model.activation", "actor.model.min_std", "actor.model.init_log_std", "actor.model.compute_dtype",
     },
     "vla": {
         "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla_n_bins",
@@ -79,6 +79,8 @@ def reads(cfg: Config) -> Reads:
 
 # Compute dtypes of the VLA backbone (its parameters stay float32).
 VLA_DTYPES = ("float32", "bfloat16")
+# The control MLP's compute dtypes (actor.model.compute_dtype).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def check(cfg: Config) -> None:
@@ -95,6 +97,9 @@ def check(cfg: Config) -> None:
         raise BadInput(f"actor.model.kind={m.kind!r} is unknown; choose {', '.join(POLICIES)}")
     if m.kind == "mlp" and m.activation not in ACTIVATIONS:
         raise BadInput(f"actor.model.activation={m.activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
+    if m.kind == "mlp" and m.compute_dtype not in COMPUTE_DTYPES:
+        raise BadInput(f"actor.model.compute_dtype={m.compute_dtype!r} is unknown; choose one of "
+                       f"{', '.join(COMPUTE_DTYPES)}")
     if m.kind == "vla" and m.dtype not in VLA_DTYPES:
         raise BadInput(f"actor.model.dtype={m.dtype!r} is unknown for a VLA; choose one of {', '.join(VLA_DTYPES)}")
     if m.kind == "pi0" and m.vla_logprob_level != "chunk":
