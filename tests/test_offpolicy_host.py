@@ -76,3 +76,38 @@ def test_what_a_host_loop_cannot_do_is_one_error_line(capsys):
         assert train_main([*base, *override]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and words in err, err
+
+
+def test_the_host_loop_computes_what_the_fused_program_computes(monkeypatch):
+    """The same SAC on tests/hostsim_toy.py's env stepped by a worker and on its JAX twin
+    (tests/test_hostsim.py's) inside the fused program: the host loop's order of acting,
+    stepping, inserting and learning is the fused program's, so the numbers agree."""
+    import dataclasses
+    import pathlib
+
+    from test_hostsim import _jax_stack
+
+    from rlinf_jax.tasks.offpolicy.setup import make_setup
+    from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+
+    monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).parent))  # workers import the toy's module
+    cfg = load_config("sac_gym_mujoco", [*TINY, "env.name=hostsim_toy:HostsimToy-v0", "env.reset_mode=cached",
+                                         "algorithm.normalize_observations=false"])
+    host_setup = make_setup(cfg)
+    jax_setup = dataclasses.replace(host_setup, env=_jax_stack(8, 20, 1), eval_env=_jax_stack(2, 20, 1))
+    fused = OffPolicyTrainer(cfg, jax_setup, jax.sharding.Mesh(jax.devices()[:1], ("data",)))
+    ts = fused.init()
+    fused.compile(ts, jax.random.PRNGKey(0))
+    ts, sums = fused.run_iterations(ts, 3)
+    host = build_trainer(cfg, host_setup)
+    try:
+        state, host_sums = host.run_iterations(host.init(), 3)
+        for a, b in zip(jax.tree.leaves((ts.actor, ts.critic)), jax.tree.leaves((state.learner.actor,
+                                                                                 state.learner.critic))):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        ours, theirs = fused.summarize(sums, 3), host.summarize(host_sums, 3)
+        assert ours.keys() == theirs.keys() and ours["train/gradient_steps"] == 18 and ours["env/episodes"] > 0
+        for k in ours:
+            np.testing.assert_allclose(theirs[k], ours[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    finally:
+        host.close()
