@@ -287,5 +287,5 @@ def flops_keys(results: dict, peak: float | None) -> dict:
         log(line("[ours] steady FLOP/s", r, peak))
     keys = result_keys(r, peak or 0.0)
     keys.pop("ours_flops")  # per env step, already in "ours"
-    keys["peak_flops_per_s"] = peak
+    keys["peak_flops_per_s"] = None if peak is None else float(f"{peak:.4g}")
     return keys
