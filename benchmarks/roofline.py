@@ -14,6 +14,7 @@ their costliest branch. It is the program's arithmetic, not what XLA fuses or sk
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 PEAK_SIZE = 1024  # 2 GFLOP a product: a fraction of a second per run on one CPU core
@@ -73,3 +74,38 @@ def line(label: str, r: dict, peak: float) -> str:
 
 def _round(x):
     return None if x is None else float(f"{x:.4g}")
+
+
+@contextlib.contextmanager
+def counting_calls(module, while_trips: dict):
+    """For a side that is a host loop over jitted programs: while inside, every call of
+    ``module.<name>`` (a module-level jitted function, looked up at call time) for each
+    ``name`` of ``while_trips`` adds its FLOPs (its while loops times ``while_trips[name]``,
+    a number or a function of the call's output) to the yielded dict's ``"flops"``. ``module``
+    may be an object: its attribute is replaced the same way. It traces every call again: use it on an untimed run."""
+    import jax
+
+    from rlinf_jax.profile import count_flops
+
+    total = {"flops": 0.0, "calls": 0}
+    originals = {name: getattr(module, name) for name in while_trips}
+
+    def counted(fn, trips):
+        def call(*args, **kwargs):
+            # The arguments enter as constants: static ones stay static for fn's own jit.
+            # Traced before the call: the call may donate its arguments.
+            jaxpr = jax.make_jaxpr(lambda: fn(*args, **kwargs))().jaxpr
+            out = fn(*args, **kwargs)
+            total["flops"] += count_flops(jaxpr, trips(out) if callable(trips) else trips)
+            total["calls"] += 1
+            return out
+
+        return call
+
+    for name, fn in originals.items():
+        setattr(module, name, counted(fn, while_trips[name]))
+    try:
+        yield total
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
