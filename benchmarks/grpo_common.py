@@ -123,15 +123,16 @@ def run_ours(args) -> dict:
         times.append(time.perf_counter() - t0)
         rewards.append(metrics["rollout/reward_mean"])
         lengths.append(metrics["rollout/response_length"])
-    flops = _step_flops(trainer, ts, args.steps)
+    parts = _step_flops(trainer, ts, args.steps)
     trainer.close()
     import roofline
 
-    return {"step_sec": times, "reward": rewards, "response_length": lengths, "flops_per_step": flops,
+    return {"step_sec": times, "reward": rewards, "response_length": lengths, "flops_per_step": sum(p["flops"] for p in parts.values()),
+            "flops_by_part": parts,
             "peak_flops_per_s": roofline.peak_flops_per_s(args.peak_gflops)}  # this process's: one core
 
 
-def _step_flops(trainer, ts, step: int) -> float:
+def _step_flops(trainer, ts, step: int) -> dict:
     """FLOPs of one more step, untimed, every jitted call of the sampler and the update
     counted; the decode loop times the steps it took (its rows stop at their end token)."""
     import roofline
@@ -141,7 +142,7 @@ def _step_flops(trainer, ts, step: int) -> float:
     with roofline.counting_calls(sampler, {"_prefill": 1, "_decode": lambda s: int(s.step) - 1}) as gen, \
             roofline.counting_calls(trainer, {"_update": 1, "_ref_logprobs": 1}) as upd:
         trainer.iteration(ts, step)
-    return gen["flops"] + upd["flops"]
+    return {"sampling": gen, "update": upd}
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -192,6 +193,7 @@ def summarise(results: dict, args, peer: str) -> dict:
         r = roofline.rate(ours["flops_per_step"], summary["ours"]["sec_per_step"], peak)
         print(roofline.line("ours FLOP/s", r, peak))
         summary.update(roofline.result_keys(r, peak))
+        summary["ours"]["flops_by_part"] = ours["flops_by_part"]  # {part: {flops, calls}}
     return summary
 
 
