@@ -127,7 +127,8 @@ def run_ours(args) -> dict:
     trainer.close()
     import roofline
 
-    return {"step_sec": times, "reward": rewards, "response_length": lengths, "flops_per_step": sum(p["flops"] for p in parts.values()),
+    return {"step_sec": times, "reward": rewards, "response_length": lengths,
+            "flops_per_step": sum(p["flops"] for p in parts.values()),
             "flops_by_part": parts,
             "peak_flops_per_s": roofline.peak_flops_per_s(args.peak_gflops)}  # this process's: one core
 
