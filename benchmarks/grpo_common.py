@@ -195,6 +195,10 @@ def summarise(results: dict, args, peer: str) -> dict:
         print(roofline.line("ours FLOP/s", r, peak))
         summary.update(roofline.result_keys(r, peak))
         summary["ours"]["flops_by_part"] = ours["flops_by_part"]  # {part: {flops, calls}}
+        # The peer samples and updates the same model on the same prompts: our count over its time.
+        theirs = roofline.rate(ours["flops_per_step"], summary[peer]["sec_per_step"], peak)
+        print(roofline.line(f"{peer} FLOP/s (same FLOP count)", theirs, peak))
+        summary.update({k: v for k, v in roofline.result_keys(theirs, peak, peer).items() if k.startswith(peer)})
     return summary
 
 
