@@ -198,7 +198,7 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
     out["best_pipelined"] = best
     out["ratio"] = round(pipelined[best] / col, 4)
     r = roofline.rate(flops_per_step, 1.0 / pipelined[best], peak)
-    out.update(ours_flops_per_s=float(f"{r['flop_per_s']:.4g}"), ours_share_of_peak=float(f"{r['share_of_peak']:.4g}"))
+    out.update({k: v for k, v in roofline.result_keys(r, peak).items() if k != "ours_flops"})
     return out
 
 
