@@ -261,3 +261,31 @@ def ratio(results: dict, key: str):
     """Ours / Brax's figure ``key`` (None when either side lacks it)."""
     a, b = (results.get("ours") or {}).get(key), (results.get("brax") or {}).get(key)
     return round(a / b, 3) if a is not None and b else None
+
+
+def flops_per_env_step(fn, args, env_steps: int) -> float:
+    """FLOPs per env step of ``fn(*args)``, a program running ``env_steps`` env steps and
+    their updates (its while loop, the chunk's traced iteration count, taken once)."""
+    from roofline import program_flops
+
+    return program_flops(fn, *args, while_trips=1) / env_steps
+
+
+def flops_keys(results: dict, peak: float | None) -> dict:
+    """Our side's steady FLOP/s (FLOPs per env step times steady env steps/s) and its share
+    of ``peak`` (None: not measured), logged and returned as the result's new keys."""
+    from roofline import line, rate, result_keys
+
+    ours = results.get("ours") or {}
+    if not ours.get("flops_per_env_step") or not ours.get("steady_steps_per_sec"):
+        return {}
+    r = rate(ours["flops_per_env_step"], 1.0 / ours["steady_steps_per_sec"], peak or float("nan"))
+    if peak is None:
+        r["share_of_peak"] = None
+        log(f"[ours] steady FLOP/s: {r['flop_per_s'] / 1e9:,.2f} GFLOP/s (no peak measured: --peak-gflops)")
+    else:
+        log(line("[ours] steady FLOP/s", r, peak))
+    keys = result_keys(r, peak or 0.0)
+    keys.pop("ours_flops")  # per env step, already in "ours"
+    keys["peak_flops_per_s"] = None if peak is None else float(f"{peak:.4g}")
+    return keys

@@ -123,8 +123,27 @@ def run_ours(args) -> dict:
         times.append(time.perf_counter() - t0)
         rewards.append(metrics["rollout/reward_mean"])
         lengths.append(metrics["rollout/response_length"])
+    parts = _step_flops(trainer, ts, args.steps)
     trainer.close()
-    return {"step_sec": times, "reward": rewards, "response_length": lengths}
+    import roofline
+
+    return {"step_sec": times, "reward": rewards, "response_length": lengths,
+            "flops_per_step": sum(p["flops"] for p in parts.values()),
+            "flops_by_part": parts,
+            "peak_flops_per_s": roofline.peak_flops_per_s(args.peak_gflops)}  # this process's: one core
+
+
+def _step_flops(trainer, ts, step: int) -> dict:
+    """FLOPs of one more step, untimed, every jitted call of the sampler and the update
+    counted; the decode loop times the steps it took (its rows stop at their end token)."""
+    import roofline
+
+    from rlinf_jax.rollout import sampler
+
+    with roofline.counting_calls(sampler, {"_prefill": 1, "_decode": lambda s: int(s.step) - 1}) as gen, \
+            roofline.counting_calls(trainer, {"_update": 1, "_ref_logprobs": 1}) as upd:
+        trainer.iteration(ts, step)
+    return {"sampling": gen, "update": upd}
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -165,6 +184,21 @@ def summarise(results: dict, args, peer: str) -> dict:
         "warm_start_steps": args.warm_start_steps, "threads": 1,
     }
     summary["ratio"] = summary[peer]["sec_per_step"] / summary["ours"]["sec_per_step"]
+    # Our FLOP/s: one step's FLOPs (an extra step's: a step's response lengths, and so its
+    # decode steps, vary) over the median seconds per step.
+    import roofline
+
+    ours = results["ours"][0]
+    if ours.get("flops_per_step"):
+        peak = ours["peak_flops_per_s"]
+        r = roofline.rate(ours["flops_per_step"], summary["ours"]["sec_per_step"], peak)
+        print(roofline.line("ours FLOP/s", r, peak))
+        summary.update(roofline.result_keys(r, peak))
+        summary["ours"]["flops_by_part"] = ours["flops_by_part"]  # {part: {flops, calls}}
+        # The peer samples and updates the same model on the same prompts: our count over its time.
+        theirs = roofline.rate(ours["flops_per_step"], summary[peer]["sec_per_step"], peak)
+        print(roofline.line(f"{peer} FLOP/s (same FLOP count)", theirs, peak))
+        summary.update({k: v for k, v in roofline.result_keys(theirs, peak, peer).items() if k.startswith(peer)})
     return summary
 
 
@@ -185,12 +219,15 @@ def add_arguments(p) -> None:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--prompts", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--peak-gflops", type=float,
+                   help="the float32 matmul peak to measure FLOP/s against (default: measured by our side's process)")
 
 
 def child_arguments(side: str, args, model: Path, prompts: Path, work: Path) -> list[str]:
     return ["--side", side, "--model", str(model), "--prompts", str(prompts), "--work", str(work),
             "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
-            "--generations", str(args.generations), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr)]
+            "--generations", str(args.generations), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
+            *(["--peak-gflops", str(args.peak_gflops)] if args.peak_gflops else [])]
 
 
 def run_child(python: str, script: str, side: str, args, model: Path, prompts: Path, work: Path) -> dict:

@@ -47,6 +47,7 @@ from rlinf_jax.envs.host import HostEnvPool
 from rlinf_jax.tasks.embodied.build import build_trainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 
@@ -116,6 +117,21 @@ def _mjx_steps_per_sec(env_id: str, num_envs: int, steps: int) -> float:
     return steps * num_envs / (time.perf_counter() - t0)
 
 
+def _policy_flops_per_iteration(trainer, state) -> float:
+    """The JAX side of one iteration: the policy's inference on every micro-batch at every
+    step, and the PPO update. The env workers' simulation (C MuJoCo) is not counted."""
+    import functools
+
+    from rlinf_jax.tasks.embodied import ppo
+
+    ts, i32 = state.learner, jax.ShapeDtypeStruct((), jnp.int32)
+    infer = roofline.program_flops(trainer._infer, ts.params, ts.obs_stats, trainer._obs_struct(trainer.micro),
+                                   ts.key, i32, i32)
+    traj, last = trainer._rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
+    learn = roofline.program_flops(functools.partial(ppo.learn, trainer.learner), ts, traj, last, ts.key)
+    return trainer.T * trainer.num_micro * infer + learn
+
+
 def _host_steps_per_sec(trainer, steps: int) -> float:
     pool = HostEnvPool(trainer.env.spec, trainer.env.num_envs, trainer.cfg.env.num_workers, seed=0)
     try:
@@ -140,6 +156,7 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mjx-steps", type=int, default=50)
+    roofline.add_peak_argument(p)
     p.add_argument("--policy-cpus", type=int, nargs="*", default=[],
                    help="cores of this process (policy, update); pinned before JAX starts its threads")
     p.add_argument("--worker-cpus", type=int, nargs="*", default=[], help="cores of the env workers (env.worker_cpus)")
@@ -175,6 +192,7 @@ def main() -> None:
                 print(f"round {r} {name:10s} iterations {rounds[name]['iter'][-1]:8.0f} env-steps/s  "
                       f"rollouts {rounds[name]['rollout'][-1]:8.0f} env-steps/s  cpu {util:.2f} cores", flush=True)
         host = _host_steps_per_sec(built["sequential"][0], 200)
+        flops = {name: _policy_flops_per_iteration(*built[name]) for name in modes}
     finally:
         for trainer, _ in built.values():
             trainer.close()
@@ -191,6 +209,18 @@ def main() -> None:
     out["mjx_env_steps_per_sec"] = round(mjx_rate, 1)
     out["rollout_ratio"] = round(out["pipelined"]["rollout_env_steps_per_sec"] / out["sequential"]["rollout_env_steps_per_sec"], 3)
     out["ratio"] = round(out["pipelined"]["env_steps_per_sec"] / out["sequential"]["env_steps_per_sec"], 3)
+    # The work is mostly the env workers' simulation: the FLOP/s are the policy's and the
+    # update's alone (counted on their jaxprs), over the whole iteration's time.
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    for name in modes:
+        r = roofline.rate(flops[name], per_iteration / out[name]["env_steps_per_sec"], peak)  # s per iteration
+        out[name]["policy_flops_per_iteration"] = r["flops"]
+        out[name]["policy_flops_per_s"] = float(f"{r['flop_per_s']:.4g}")
+        out[name]["policy_share_of_peak"] = float(f"{r['share_of_peak']:.4g}")
+        print(roofline.line(f"{name} policy + update FLOP/s (simulation not counted)", r, peak))
+    out["ours_flops_per_s"] = out["pipelined"]["policy_flops_per_s"]
+    out["ours_share_of_peak"] = out["pipelined"]["policy_share_of_peak"]
+    out["peak_flops_per_s"] = float(f"{peak:.4g}")
     warn_regressions("hostsim_modes", out)
     print(json.dumps(out))
 

@@ -41,6 +41,7 @@ import numpy as np
 # sampler_vs_hf pins torch to one thread when it is imported (before any torch work).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sampler_vs_hf import MODEL, prompts, timed_alternating  # noqa: E402
+import roofline  # noqa: E402
 
 import jax  # noqa: E402
 import torch  # noqa: E402
@@ -48,6 +49,8 @@ import torch  # noqa: E402
 from rlinf_jax.agents import StepResult  # noqa: E402
 from rlinf_jax.policies.lm import from_pretrained  # noqa: E402
 from rlinf_jax.policies.lm.tiny import tiny_hf_model  # noqa: E402
+from rlinf_jax.rollout import multi_turn  # noqa: E402
+from rlinf_jax.rollout import sampler as single_turn  # noqa: E402
 from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits  # noqa: E402
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams  # noqa: E402
 
@@ -85,6 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--obs-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
     B, T, N, O = args.batch, args.turns, args.turn_tokens, args.obs_tokens
 
@@ -144,11 +148,26 @@ def main(argv=None) -> None:
     hf_tps, rp_tps, ours_tps = (tokens / statistics.median(x) for x in (hf_t, rp_t, ours_t))
     for name, tps, times in (("HF turn by turn", hf_tps, hf_t), ("re-prefill", rp_tps, rp_t), ("ours", ours_tps, ours_t)):
         print(f"{name:16s} {tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in times)})")
+    # FLOPs of one untimed run of each JAX side, every jitted call counted (no stop token:
+    # every turn's decode loop runs its N - 1 steps after the first token). HF re-feeds the
+    # conversation as re-prefill does: the same FLOP count.
+    with roofline.counting_calls(multi_turn, {"_turn": N - 1, "_extend": 1}) as ours_count:
+        ours_run()
+    with roofline.counting_calls(single_turn, {"_prefill": 1, "_decode": N - 1}) as rp_count:
+        reprefill_run()
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    rates = {side: roofline.rate(c["flops"], statistics.median(t), peak)
+             for side, c, t in (("ours", ours_count, ours_t), ("reprefill", rp_count, rp_t), ("hf", rp_count, hf_t))}
+    for side, r in rates.items():
+        print(roofline.line(f"{side} FLOP/s", r, peak))
+    flops = {**roofline.result_keys(rates["ours"], peak)}
+    for side in ("reprefill", "hf"):
+        flops.update({k: v for k, v in roofline.result_keys(rates[side], peak, side).items() if k.startswith(side)})
     print(json.dumps({
         "benchmark": "multiturn_rollout", "params": n_params, "batch": B, "turns": T, "turn_tokens": N,
         "obs_tokens": O, "threads": 1, "hf_tokens_per_s": round(hf_tps, 1), "reprefill_tokens_per_s": round(rp_tps, 1),
         "ours_tokens_per_s": round(ours_tps, 1), "ratio_reprefill": round(ours_tps / rp_tps, 3),
-        "ratio": round(ours_tps / hf_tps, 3),
+        "ratio": round(ours_tps / hf_tps, 3), **flops,
     }))
 
 

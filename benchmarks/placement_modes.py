@@ -46,6 +46,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 MLP_WORKLOAD = [
@@ -122,7 +123,8 @@ class _Timed:
         return {"cpu_util": round(cpu / wall, 2), "cpu_ms_per_1k_steps": round(1e6 * cpu / steps, 1)}
 
 
-def child(workload: str, num_devices: int, iterations: int, repeats: int, extra: list[str]) -> dict:
+def child(workload: str, num_devices: int, iterations: int, repeats: int, extra: list[str],
+          peak_gflops: float | None = None) -> dict:
     import jax
 
     from rlinf_jax.config import load_config
@@ -150,10 +152,22 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
             print(f"  {num_devices} devices  round {r + 1}/{repeats}  {name:<14} {sps:>10,.0f} env-steps/s",
                   file=sys.stderr, flush=True)
 
+    # Every layout does the same work per env step: counted once, on the collocated fused
+    # iteration (the chunk's traced iteration count taken once; an env's own while loops,
+    # e.g. a physics solver's, count one trip, so the figure is a lower bound), against
+    # this process's peak (one product on its first device).
+    col_t = timed["collocated"]
+    flops_per_step = roofline.program_flops(col_t.trainer.run_chunk, col_t.state, jax.numpy.int32(1)) / (
+        col_t.trainer.env_steps_per_iteration)
+    peak = roofline.peak_flops_per_s(peak_gflops)
+    out.update(flops_per_env_step=round(flops_per_step, 1), peak_flops_per_s=float(f"{peak:.4g}"))
     for name in modes(num_devices):
         t = timed[name]
+        r = roofline.rate(flops_per_step, 1.0 / t.median, peak)
         out["modes"][name] = {
             "env_steps_per_sec": round(t.median, 1),
+            "flops_per_s": float(f"{r['flop_per_s']:.4g}"),
+            "share_of_peak": float(f"{r['share_of_peak']:.4g}"),
             "rounds": [round(x, 1) for x in t.rounds],
             "placement": t.trainer.placement.to_json(),
             "runner": type(t.trainer).__name__,
@@ -183,6 +197,8 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
     best = max(pipelined, key=pipelined.get)
     out["best_pipelined"] = best
     out["ratio"] = round(pipelined[best] / col, 4)
+    r = roofline.rate(flops_per_step, 1.0 / pipelined[best], peak)
+    out.update({k: v for k, v in roofline.result_keys(r, peak).items() if k != "ours_flops"})
     return out
 
 
@@ -193,11 +209,13 @@ def main(argv=None, name: str = "placement_modes") -> int:
     ap.add_argument("--iterations", type=int, default=8, help="timed iterations per mode and round (default 8)")
     ap.add_argument("--repeats", type=int, default=3, help="timing rounds over the modes; medians reported (default 3)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    roofline.add_peak_argument(ap)
     ap.add_argument("overrides", nargs="*", help="extra config overrides for the workload, key=value")
     args = ap.parse_args(argv)
 
     if args.child is not None:
-        print(json.dumps(child(args.workload, args.child, args.iterations, args.repeats, args.overrides)))
+        print(json.dumps(child(args.workload, args.child, args.iterations, args.repeats, args.overrides,
+                               args.peak_gflops)))
         return 0
 
     results = {}
@@ -209,7 +227,8 @@ def main(argv=None, name: str = "placement_modes") -> int:
         proc = subprocess.run(
             [
                 sys.executable, os.path.abspath(__file__), "--workload", args.workload, "--child", str(n),
-                "--iterations", str(args.iterations), "--repeats", str(args.repeats), *args.overrides,
+                "--iterations", str(args.iterations), "--repeats", str(args.repeats),
+                *(["--peak-gflops", str(args.peak_gflops)] if args.peak_gflops else []), *args.overrides,
             ],
             stdout=subprocess.PIPE,
             env=env,
@@ -235,13 +254,23 @@ def main(argv=None, name: str = "placement_modes") -> int:
                 f"vs measured {a['measured_env_steps_per_sec']:,.0f} ({a['prediction_error']:+.1%})"
             )
         print(line)
+        print(f"{n} devices: " + roofline.line(
+            f"FLOP/s of the best pipelined layout ({r['best_pipelined']})",
+            {"flops": r["flops_per_env_step"], "flop_per_s": r["ours_flops_per_s"],
+             "share_of_peak": r["ours_share_of_peak"]}, r["peak_flops_per_s"])
+            + "; collocated " + f"{m['collocated']['flops_per_s'] / 1e9:,.2f} GFLOP/s")
     recipe, base, _ = WORKLOADS[args.workload]
+    # Beside the top-level ratio: the FLOP/s of the device count it comes from.
+    at = min(results.values(), key=lambda r: r["ratio"])
     summary = {
         "benchmark": name,
         "recipe": recipe,
         "workload": base + args.overrides,
         "devices": results,
         "ratio": min(r["ratio"] for r in results.values()),
+        "ours_flops_per_s": at["ours_flops_per_s"],
+        "ours_share_of_peak": at["ours_share_of_peak"],
+        "peak_flops_per_s": at["peak_flops_per_s"],
     }
     warn_regressions(name, summary)
     print(json.dumps(summary))

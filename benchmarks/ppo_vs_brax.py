@@ -130,12 +130,15 @@ from brax_common import (  # noqa: E402
     CompileClock,
     _install_device_put_replicated_shim,
     _summary,
+    flops_keys,
+    flops_per_env_step,
     log,
     our_default_env,
     run_sides,
     run_sides_in_processes,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
+import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 # --------------------------------------------------------------------------- defaults
@@ -241,6 +244,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="ours: do not bootstrap V(final obs) on time limits",
     )
     p.add_argument("--seed", type=int, default=0)
+    roofline.add_peak_argument(p)
     p.add_argument("--devices", type=int, help="force N host devices (sets XLA_FLAGS before importing jax)")
     p.add_argument("--num-envs", type=int)
     p.add_argument("--unroll-length", type=int)
@@ -466,7 +470,10 @@ def run_ours(args, clock) -> dict:
         )
     total = time.perf_counter() - t0
     compile_info = clock.stop()
+    # Counted after the clock stops: tracing the chunk again must not add to compile_s.
+    flops = flops_per_env_step(trainer.run_chunk, (ts, jnp.int32(1)), trainer.env_steps_per_iteration)
     extra = {
+        "flops_per_env_step": round(flops, 1),
         "aot_compile_s": round(t_chunk_compile + t_eval_compile, 3),
         "aot_compile_run_chunk_s": round(t_chunk_compile, 3),
         "aot_compile_evaluate_s": round(t_eval_compile, 3),
@@ -551,6 +558,8 @@ def main(argv=None) -> int:
         "ratio": ratio("steady_steps_per_sec"),
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
     }
+    if "ours" in results:
+        out.update(flops_keys(results, roofline.peak_flops_per_s(args.peak_gflops)))
     # Only one side reached the threshold: the ratio is bounded by that side's time over
     # the other side's whole train call (it would have needed at least that long).
     o, bx = results.get("ours") or {}, results.get("brax") or {}
@@ -587,6 +596,8 @@ def main_own_processes(args, argv: list[str]) -> int:
         "ratio": ratio("steady_steps_per_sec"),
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
     }
+    # No JAX in this process: a share of the peak only with --peak-gflops.
+    out.update(flops_keys(results, args.peak_gflops * 1e9 if args.peak_gflops else None))
     if "ours" in results and "brax" in results:
         log(f"ratio (ours/brax steady steps/s, own processes): {out['ratio']} | time_to_threshold_ratio: "
             f"{out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")

@@ -73,6 +73,8 @@ from brax_common import (  # noqa: E402
     run_sides,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
+from brax_common import flops_keys, flops_per_env_step  # noqa: E402
+import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 
@@ -98,6 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--threshold", type=float, default=900.0)
     p.add_argument("--seed", type=int, default=0)
+    roofline.add_peak_argument(p)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--order", choices=["brax-first", "ours-first"], default="brax-first")
     p.add_argument("--only", choices=["both", "brax", "ours"], default="both")
@@ -217,7 +220,13 @@ def run_ours(args, clock) -> dict:
         step += args.eval_every
         do_eval(step)
     total = time.perf_counter() - t0
-    out = _summary("ours", evals, epochs, clock.stop(), args.threshold, total)
+    compile_info = clock.stop()
+    # Counted after the clock stops (tracing again must not add to compile_s), on one
+    # iteration past the warm-up: a cond's costliest branch, the one with the gradient steps.
+    one = (ts, trainer.demos, jax.numpy.int32(1))
+    per_step = flops_per_env_step(trainer.run_chunk, one, trainer.env_steps_per_iteration)
+    flops = {"flops_per_env_step": round(per_step, 1)}
+    out = _summary("ours", evals, epochs, compile_info, args.threshold, total, flops)
     return _with_grad_steps(out, args)
 
 
@@ -254,6 +263,8 @@ def main(argv=None) -> int:
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
         "ratio": ratio("steady_steps_per_sec"),
     }
+    if "ours" in results:
+        out.update(flops_keys(results, roofline.peak_flops_per_s(args.peak_gflops)))
     warn_regressions("sac_vs_brax", out)
     print(json.dumps(out))
     return 0

@@ -49,6 +49,7 @@ from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 MODEL = {
@@ -93,6 +94,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
 
     # sdpa: transformers' default (and its fastest CPU) attention.
@@ -146,6 +148,15 @@ def main(argv=None) -> None:
         "ours_tokens_per_s": round(ours_tps, 1),
         "ratio": round(ours_tps / hf_tps, 3),
     }
+    # One FLOP count for both sides (same model, same tokens): prefill, then the decode
+    # loop's max_new_tokens - 1 steps (no stop token: every row runs to the end).
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    flops = roofline.program_flops(lambda: sampler.generate(ids, mask, key, sampling), while_trips=args.new_tokens - 1)
+    ours, theirs = (roofline.rate(flops, statistics.median(t), peak) for t in (ours_times, hf_times))
+    print(roofline.line("ours FLOP/s", ours, peak))
+    print(roofline.line("HF   FLOP/s (same FLOP count)", theirs, peak))
+    result.update(roofline.result_keys(ours, peak))
+    result.update({k: v for k, v in roofline.result_keys(theirs, peak, "hf").items() if k.startswith("hf")})
     warn_regressions("sampler_vs_hf", result)
     print(json.dumps(result))
 

@@ -79,6 +79,7 @@ if __name__ == "__main__":
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler_vs_hf import MODEL  # isort: skip
 from recorded import warn_regressions  # isort: skip
+import roofline  # isort: skip
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,7 @@ def jax_trainer(model, ids: np.ndarray):
         state["params"], state["opt"], loss = train_step(state["params"], state["opt"], batch)
         return loss
 
+    step.flops = roofline.program_flops(train_step, state["params"], state["opt"], batch)
     return step
 
 
@@ -191,6 +193,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cpu", type=int, help="the one CPU core to run on (default: the first this process may use)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="bfloat16: torch autocast against our bfloat16 compute, float32 parameters on both")
+    roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
 
@@ -246,6 +249,14 @@ def main(argv=None) -> None:
         "ours_cpu_s_per_step": round(med(jax_cpu), 5),
         "cpu_ratio": round(med(torch_cpu) / med(jax_cpu), 3),
     }
+    # Both sides do the same arithmetic (same model, batch and optimizer): one FLOP count,
+    # counted on our step's jaxpr, over each side's wall time. The peak is one core's.
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    ours, theirs = (roofline.rate(jax_step.flops, med(w), peak) for w in (jax_wall, torch_wall))
+    print(roofline.line("ours  FLOP/s", ours, peak))
+    print(roofline.line("torch FLOP/s (same FLOP count)", theirs, peak))
+    result.update(roofline.result_keys(ours, peak))
+    result.update({k: v for k, v in roofline.result_keys(theirs, peak, "torch").items() if k.startswith("torch")})
     warn_regressions("train_step_vs_torch", result)
     print(json.dumps(result))
 

@@ -120,17 +120,22 @@ def _timed(fn, args, repeats: int) -> float:
 
 
 # ------------------------------------------------------------------ the machine
+def matmul_peak(n: int, repeats: int, dtype: str = "float32") -> float:
+    """FLOP/s of an ``n`` x ``n`` matrix product through XLA, median of ``repeats`` runs."""
+    import jax
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    return 2 * n**3 / _timed(jax.jit(lambda x, y: x @ y), (a, a), repeats)
+
+
 def machine_peaks(n: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
 
     out = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count()}
-    key = jax.random.PRNGKey(0)
     for dtype in ("float32", "bfloat16"):
-        a = jax.random.normal(key, (n, n), dtype)
-        f = jax.jit(lambda x, y: x @ y)
-        out[f"xla_matmul_{dtype}"] = 2 * n**3 / _timed(f, (a, a), repeats)
+        out[f"xla_matmul_{dtype}"] = matmul_peak(n, repeats, dtype)
     # 128 MiB read and written in place (donated: a fresh output buffer would time the
     # kernel's page zeroing, not the memory).
     x = jnp.ones((1 << 25,), jnp.float32)
