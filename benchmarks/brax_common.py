@@ -234,8 +234,7 @@ def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple
                 last = line
         if proc.returncode != 0 or not last:
             raise SystemExit(f"error: the {side} run's process exited with {proc.returncode}; its output is above")
-        lines = [last]
-        summary = json.loads(lines[-1]).get(side)
+        summary = json.loads(last).get(side)
         summary["xla_flags"] = env.get("XLA_FLAGS", "")
         runs.setdefault(side, []).append(summary)
     return schedule, {side: _median_summary(r) for side, r in runs.items()}

@@ -58,7 +58,7 @@ OPTIONAL = {
 # library, numpy and the simulator only; never JAX, never the package itself.
 WORKER_SCRIPTS = {"rlinf_jax.envs.host.worker", "rlinf_jax.envs.host.libero_task"}
 WORKER_IMPORTS = {"__future__", "json", "mmap", "os", "sys", "traceback", "numpy", "gymnasium", "robosuite",
-                  "atexit", "importlib", "io", "pickle", "shutil", "tempfile", "zipfile", "yaml", "libero",
+                  "atexit", "functools", "importlib", "io", "pickle", "shutil", "tempfile", "zipfile", "yaml", "libero",
                   "libero_task"}
 
 

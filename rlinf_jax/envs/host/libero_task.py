@@ -28,6 +28,7 @@ library, numpy and the simulator.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import io
 import os
@@ -152,7 +153,7 @@ def libero_env(env_id: str, kwargs: dict, max_base_steps: int, camera: str = "",
     init_states = None
     if use_init_states:
         init_states = read_init_states(os.path.join(root, "init_files", suite, task + ".pruned_init"))
-    return _Task(control, camera, init_states, " ".join(task.split("_")).lower())
+    return _task_class()(control, camera, init_states, " ".join(task.split("_")).lower())
 
 
 _CONFIG_DIR = []  # this process's LIBERO config folder, made once
@@ -186,7 +187,9 @@ def _missing_asset(message: str, assets: str) -> str:
     return ""
 
 
+@functools.cache
 def _task_class():
+    """The env class, made once per process (gymnasium is imported in the worker only)."""
     import gymnasium as gym
     from gymnasium import spaces
 
@@ -227,9 +230,9 @@ def _task_class():
             return self._obs(obs), {"success": bool(self.control.check_success())}
 
         def step(self, action):
+            # LIBERO's done is its goal predicate (ignore_done: never its horizon): the success.
             obs, reward, done, info = self.control.step(np.asarray(action, np.float64))
-            success = bool(self.control.check_success())
-            return self._obs(obs), float(reward), bool(done), False, {**info, "success": success}
+            return self._obs(obs), float(reward), bool(done), False, {**info, "success": bool(done)}
 
         def close(self):
             control, self.control = self.control, None
@@ -237,7 +240,3 @@ def _task_class():
                 control.close()
 
     return Task
-
-
-def _Task(*args):
-    return _task_class()(*args)

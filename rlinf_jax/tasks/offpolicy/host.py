@@ -83,6 +83,8 @@ class HostOffPolicy(HostPools, Trainer):
         self._finish = jax.jit(lambda ts, sums, key: lib.finish_iteration(learner, ts, sums, key, ts.actor,
                                                                           ts.obs_stats))
         self._greedy = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
+        # An iteration's zero sums: traced once (untraced, their shapes cost ~80 ms an iteration).
+        self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos))
 
     # ---------------------------------------------------------- trainer protocol
     def fresh_state(self) -> OffPolicyState:
@@ -126,7 +128,7 @@ class HostOffPolicy(HostPools, Trainer):
         obs, action = f32(B, self.env.observation_size), f32(B, self.env.action_size)
         self._act = self._act.lower(ts.actor, ts.obs_stats, obs, key, warm).compile()
         transition = TransitionBatch(obs=obs, action=action, reward=f32(B), next_obs=obs, terminated=f32(B))
-        sums = lib.zero_metrics(self.learner, ts, self.demos)
+        sums = self._zero_metrics(ts, self.demos)
         self._learn = self._learn.lower(ts, sums, transition, self.demos, key).compile()
         eval_obs = f32(self.eval_env.num_envs, self.env.observation_size)
         self._greedy = self._greedy.lower(ts.actor, ts.obs_stats, eval_obs).compile()
@@ -149,7 +151,7 @@ class HostOffPolicy(HostPools, Trainer):
         key, env_keys_, learn_keys = self._keys(s.learner.key)
         ts = s.learner
         env_steps = int(ts.env_steps)
-        learn_sums = lib.zero_metrics(learner, ts, self.demos)
+        learn_sums = self._zero_metrics(ts, self.demos)
         env_sums = dict.fromkeys(ENV_SUMS, 0.0)
         for t in range(steps):
             warm = np.bool_(lib.warming_up(learner, env_steps + t))
