@@ -89,3 +89,15 @@ def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
     assert train_main([*argv, "env.name=InvertedPendulumm-v5", "runner.experiment_name=bad"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "InvertedPendulumm-v5" in err
+
+
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_two_devices_give_one_devices_numbers():
+    """The data-parallel update over two devices: the same parameters, metrics and evaluation."""
+    ref, m_ref, ev_ref, _, _ = _params_after(["cluster.num_devices=1", "env.num_workers=1"])
+    got, m, ev, _, _ = _params_after(["cluster.num_devices=2", "env.num_workers=1"])
+    for a, b in zip(ref, got):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert m == pytest.approx(m_ref, rel=1e-5, abs=1e-6)
+    assert ev == pytest.approx(ev_ref, rel=1e-6)

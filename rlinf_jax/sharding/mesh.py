@@ -207,3 +207,41 @@ def place_rows(tree, mesh: Mesh, rows: int):
     split = rows % batch_divisor(mesh) == 0
     bs, rep = batch_sharding(mesh), replicated(mesh)
     return jax.tree.map(lambda x: put(x, bs if split and np.ndim(x) and np.shape(x)[0] == rows else rep), tree)
+
+
+def process_rows(mesh: Mesh, rows: int) -> tuple[int, int]:
+    """``[lo, hi)``: the rows of a ``rows``-long batch split over ``mesh``'s batch axes that
+    this process's devices hold. Work done row by row on the host (a host simulator's
+    envs) runs where its rows live; with one process, every row."""
+    if jax.process_count() == 1:
+        return 0, rows
+    held = sorted(
+        (idx[0].start or 0, rows if idx[0].stop is None else idx[0].stop)
+        for idx in batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
+    )
+    if not held:
+        raise BadInput(
+            f"process {jax.process_index()} holds no device of the mesh, so no row of the batch of {rows}; "
+            "set cluster.num_devices=all so that the mesh spans every host"
+        )
+    lo, hi = held[0][0], max(h for _, h in held)
+    covered = np.zeros(rows, bool)
+    for a, b in held:
+        covered[a:b] = True
+    if not covered[lo:hi].all():
+        raise BadInput(f"process {jax.process_index()}'s rows of the batch are not contiguous on this mesh")
+    return lo, hi
+
+
+def from_process_rows(tree, mesh: Mesh, rows: int, batch_dim: int = 0):
+    """Global arrays of a ``rows``-long batch whose rows (``batch_dim``) each process holds
+    on the host (`process_rows`): the inverse of reading one's own rows. One process:
+    `jax.device_put`."""
+    s = batch_sharding(mesh, batch_dim)
+
+    def place(x):
+        x = np.asarray(x)
+        shape = (*x.shape[:batch_dim], rows, *x.shape[batch_dim + 1:])
+        return jax.make_array_from_process_local_data(s, x, shape)
+
+    return jax.tree.map(place, tree)

@@ -210,6 +210,7 @@ class HostEnvPool:
         episode_index: np.ndarray | None = None,
         step_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
+        first_env: int = 0,
     ):
         if spec.observation_size < 1:
             spec = describe(spec, start_timeout_s)
@@ -222,6 +223,9 @@ class HostEnvPool:
                 f"(env.num_envs / flow.num_micro_batches); every worker holds a slice of each"
             )
         self.spec, self.num_envs, self.seed = spec, num_envs, int(seed)
+        # The global index of env 0: seeds follow global indices, so a batch cut over the
+        # processes of a multi-host run resets as it would in one pool.
+        self.first_env = int(first_env)
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.restarts = 0
         self.num_groups = num_groups
@@ -260,7 +264,8 @@ class HostEnvPool:
             "env_id": s.env_id, "env_kwargs": s.env_kwargs, "camera": s.camera, "image_size": s.image_size,
             "assets_dir": s.assets_dir, "cpus": list(s.cpus), "seed": self.seed, "slices": self.slices[w],
             "action_repeat": s.action_repeat, "time_limit": s.time_limit, "reset_mode": s.reset_mode,
-            "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, mode: True,
+            "shm_name": self._shm.name, "shm_size": self._size, "layout": self._layout, "first_env": self.first_env,
+            mode: True,
         })
 
     def _await_ready(self, w: int) -> None:

@@ -29,7 +29,8 @@ tests/test_hostsim.py checks side by side:
 - episode ``e`` of env ``g`` (its global index) resets with the seed drawn from
   ``SeedSequence([seed, g, e])`` (``e`` stays 0 in reset mode "cached": each env replays
   its first episode's initial state, Brax's way), so trajectories do not depend on how
-  the batch is cut into workers.
+  the batch is cut into workers (or processes: a pool of a multi-host run holds the
+  envs from ``first_env`` on, its rows of the global batch).
 
 Every per-env counter lives in the shared block, so a restarted worker continues where
 the crashed one stopped: ``restart`` ends every episode of its slice as a truncation
@@ -200,6 +201,7 @@ class Slice:
 
     def __init__(self, spec: dict, arrays: dict):
         self.lo, self.hi = spec["lo"], spec["hi"]
+        self.first_env = int(spec.get("first_env", 0))  # the global index of the pool's env 0
         self.seed = int(spec["seed"])
         self.repeat = int(spec["action_repeat"])
         self.limit = int(spec["time_limit"])
@@ -222,7 +224,7 @@ class Slice:
     def _reset_one(self, i: int) -> None:
         a = self.a
         episode = 0 if self.cached else int(a["episode_index"][i])
-        obs, info = self.envs[i].reset(seed=episode_seed(self.seed, self.lo + i, episode))
+        obs, info = self.envs[i].reset(seed=episode_seed(self.seed, self.first_env + self.lo + i, episode))
         self._write("obs", "image", i, obs)
         a["steps"][i] = 0
         a["running_return"][i] = 0.0

@@ -20,6 +20,13 @@ With a camera (``env.camera``) an observation is the tabletop's structure,
 shared block, the task's fixed instruction tokens added here; every buffer below is that
 pytree instead of one array.
 
+On several devices the update is data-parallel: the rollout's rows split over the mesh's
+batch axes. In a multi-host run (`rlinf_jax.launch`) each process opens workers for the
+envs whose rows its devices hold (seeded by their global indices), infers on its own
+device with its copy of the replicated parameters, and the update joins every process's
+rows into global arrays; the evaluation's envs split the same way. So one process, or
+several, give the same numbers up to float summation order.
+
 Checkpoints hold each env's episode counter (``env_state["episode_index"]``): a resumed
 run starts every env at its next episode with that episode's seed. What cannot be
 restored is the simulator's state inside an unfinished episode (C MuJoCo's data, the
@@ -42,10 +49,12 @@ from rlinf_jax.envs.host import HostEnvPool
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import Transition, env_keys, step_keys
-from rlinf_jax.sharding import replicate
+from rlinf_jax.runtime.distributed import is_multiprocess
+from rlinf_jax.sharding import batch_divisor, batch_sharding, fetch, from_process_rows, process_rows, replicate
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, stats_size
+from rlinf_jax.tasks.embodied.trainer import check_batch
 
 
 @dataclass
@@ -64,30 +73,53 @@ def _take(tree, index):
     return jax.tree.map(lambda x: x[index], tree)
 
 
+def _local(tree):
+    """This process's copy of replicated arrays: a jitted call on them and on host data of
+    this process alone runs on its own device, with no collective."""
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+
+
 class HostPools:
     """The worker pools of a host-simulator trainer: the training batch's (``pool``) and
     the evaluation's (``eval_pool``, opened at the first evaluation), their restarts
     counted across reopenings, and deterministic evaluation episodes. Its subclass sets
-    ``cfg``, ``env`` and ``eval_env`` (`HostEnv`s)."""
+    ``cfg``, ``mesh``, ``env`` and ``eval_env`` (`HostEnv`s), and in a multi-host run
+    ``rows`` / ``eval_rows``, this process's ``[lo, hi)`` of each batch."""
 
     pool: HostEnvPool | None = None
     eval_pool: HostEnvPool | None = None
     _restarts_before = 0
+    rows: tuple[int, int] | None = None  # None: every env of the batch
+    eval_rows: tuple[int, int] | None = None
+
+    def _rows(self, which: str) -> tuple[int, int]:
+        rows = getattr(self, which)
+        return rows if rows is not None else (0, (self.env if which == "rows" else self.eval_env).num_envs)
 
     def _open_pool(self, episode_index, num_groups: int = 1) -> None:
-        """The training pool, every env starting the episode its checkpointed counter names."""
-        episode_index = np.asarray(episode_index)
+        """The training pool (this process's envs), every env starting the episode its
+        checkpointed counter names (``episode_index``: every env's, a global array or host data)."""
+        episode_index = np.asarray(fetch(episode_index))
         if episode_index.shape != (self.env.num_envs,):
             raise BadInput(
                 f"the checkpoint holds {episode_index.shape[0]} envs' episode counters but env.num_envs="
                 f"{self.env.num_envs}; resume with the run's env.num_envs"
             )
         e = self.cfg.env
+        lo, hi = self._rows("rows")
         self._close_pool("pool")
         self.pool = HostEnvPool(
-            self.env.spec, self.env.num_envs, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
-            episode_index=episode_index, step_timeout_s=e.step_timeout_s,
+            self.env.spec, hi - lo, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
+            episode_index=episode_index[lo:hi], step_timeout_s=e.step_timeout_s, first_env=lo,
         )
+
+    def env_counters(self):
+        """Every env's episode counter, for a checkpoint: this process's from its pool, as
+        one global array in a multi-host run (each process writes its rows)."""
+        counters = self.pool.arrays["episode_index"].astype(np.int32)
+        if is_multiprocess():
+            counters = from_process_rows(counters, self.mesh, self.env.num_envs)
+        return counters
 
     def _close_pool(self, name: str) -> None:
         pool = getattr(self, name)
@@ -98,16 +130,17 @@ class HostPools:
 
     def eval_episodes(self, act, key) -> dict:
         """One episode per eval env under ``act`` (observations of the eval pool -> actions
-        [n, ...]), each from a seed drawn from ``key``: return, length and success per env."""
+        [n, ...]), each from a seed drawn from ``key``: return, length and success per env
+        (every env's, on every process of a multi-host run)."""
         e = self.cfg.env
+        lo, hi = self._rows("eval_rows")
+        n = hi - lo
         if self.eval_pool is None:
             self.eval_pool = HostEnvPool(
-                self.eval_env.spec, self.eval_env.num_envs, min(e.num_workers, self.eval_env.num_envs),
-                seed=0, step_timeout_s=e.step_timeout_s,
+                self.eval_env.spec, n, min(e.num_workers, n), seed=0, step_timeout_s=e.step_timeout_s, first_env=lo,
             )
         pool = self.eval_pool
         pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
-        n = self.eval_env.num_envs
         ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
         for _ in range(self.env.spec.time_limit):
             action = np.asarray(act(pool))
@@ -119,7 +152,10 @@ class HostPools:
             alive *= 1.0 - pool.arrays["done"]
             if not alive.any():
                 break
-        return {"return": ret, "length": length, "success": success}
+        out = {"return": ret, "length": length, "success": success}
+        if is_multiprocess():
+            out = fetch(from_process_rows(out, self.mesh, self.eval_env.num_envs))
+        return out
 
     def flow_stats(self) -> dict[str, float]:
         restarts = self._restarts_before + sum(p.restarts for p in (self.pool, self.eval_pool) if p is not None)
@@ -133,10 +169,6 @@ class HostPools:
 
 class HostPPO(HostPools, Trainer):
     def __init__(self, cfg: Config, setup: Setup, mesh):
-        if len(mesh.devices.flat) != 1:
-            raise BadInput(
-                "a host simulator (env.suite=gym) trains on one device; set cluster.num_devices=1"
-            )
         if cfg.algorithm.adv_type in GROUP_OUTCOME_ADVANTAGES:
             # Groups share a reset state, which a host simulator's seeds per env do not give.
             raise BadInput(
@@ -148,14 +180,18 @@ class HostPPO(HostPools, Trainer):
         self.policy, self.graphdef, self._init_params = setup.policy, setup.graphdef, setup.params
         self.warm_start_metrics = setup.warm_start_metrics
         e = cfg.env
+        check_batch(cfg, setup, mesh)
         self.num_micro = cfg.flow.num_micro_batches
         B = self.env.num_envs
-        if B % self.num_micro or e.num_workers > B // self.num_micro:
+        self.rows, self.eval_rows = process_rows(mesh, B), process_rows(mesh, self.eval_env.num_envs)
+        self.local_envs = local = self.rows[1] - self.rows[0]
+        where = f" of this process's {local}" if local != B else ""
+        if local % self.num_micro or e.num_workers > local // self.num_micro:
             raise BadInput(
-                f"env.num_envs={B} must split into flow.num_micro_batches={self.num_micro} micro-batches of at "
-                f"least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
+                f"env.num_envs={B}{where} must split into flow.num_micro_batches={self.num_micro} micro-batches "
+                f"of at least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
             )
-        self.micro = B // self.num_micro
+        self.micro = local // self.num_micro
         self.substeps = e.action_repeat
         self.T = cfg.algorithm.rollout_length
         self.has_success = self.env.spec.has_success
@@ -164,8 +200,12 @@ class HostPPO(HostPools, Trainer):
         self.env_steps_per_iteration = settings.batch_size * self.substeps
         self.tx = setup_lib.optimizer(cfg)
         a = cfg.algorithm
+        mb_sharding = None
+        if settings.minibatch_size % batch_divisor(mesh) == 0:
+            mb_sharding = batch_sharding(mesh, batch_dim=1)
         self.learner = ppo.Learner(
-            self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type), None
+            self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
+            mb_sharding,
         )
         self.learn = jax.jit(functools.partial(ppo.learn, self.learner), donate_argnums=0)
         self.infer = jax.jit(self._infer)
@@ -238,37 +278,39 @@ class HostPPO(HostPools, Trainer):
         return HostState(learner=learner, obs=self._read(self.pool, "obs", slice(None)))
 
     def snapshot(self, s: HostState) -> TrainState:
-        counters = self.pool.arrays["episode_index"].astype(np.int32)
-        return s.learner.replace(env_state={"episode_index": counters})
+        return s.learner.replace(env_state={"episode_index": self.env_counters()})
 
     def progress(self, s: HostState) -> tuple[int, int]:
         return int(s.learner.step), int(s.learner.bad_iterations)
 
     def compile(self, s: HostState, eval_key) -> None:
         ts = s.learner
+        params, stats, key = _local((ts.params, ts.obs_stats, ts.key))
         obs = self._obs_struct(self.micro)
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        self.infer = self.infer.lower(ts.params, ts.obs_stats, obs, ts.key, i32, i32).compile()
-        outs = jax.eval_shape(self._infer, ts.params, ts.obs_stats, obs, ts.key, i32, i32)
+        self.infer = self.infer.lower(params, stats, obs, key, i32, i32).compile()
+        outs = jax.eval_shape(self._infer, params, stats, obs, key, i32, i32)
         T, B = self.T, self.env.num_envs
-        f = lambda *shape: jax.ShapeDtypeStruct((T, B, *shape), jnp.float32)  # noqa: E731
+        rows, last_rows = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 0)
+        f = lambda *shape: jax.ShapeDtypeStruct((T, B, *shape), jnp.float32, sharding=rows)  # noqa: E731
         # The stored action and log-prob as the policy gives them (a VLA: int32 bins, and
         # log-probs per chunk, action or token).
-        g = lambda x: jax.ShapeDtypeStruct((T, B, *x.shape[1:]), x.dtype)  # noqa: E731
+        g = lambda x: jax.ShapeDtypeStruct((T, B, *x.shape[1:]), x.dtype, sharding=rows)  # noqa: E731
+        split = lambda tree, s: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree)  # noqa: E731
         traj = Transition(
-            obs=self._obs_struct(T, B), raw_action=g(outs[1]), logprob=g(outs[2]), reward=f(), done=f(),
-            truncated=f(), final_obs=self._obs_struct(T, B), episode_return=f(),
-            episode_length=jax.ShapeDtypeStruct((T, B), jnp.int32), episode_success=f(),
+            obs=split(self._obs_struct(T, B), rows), raw_action=g(outs[1]), logprob=g(outs[2]), reward=f(),
+            done=f(), truncated=f(), final_obs=split(self._obs_struct(T, B), rows), episode_return=f(),
+            episode_length=jax.ShapeDtypeStruct((T, B), jnp.int32, sharding=rows), episode_success=f(),
             value=f() if len(outs) > 3 else None,
         )
-        last = self._obs_struct(B)
+        last = split(self._obs_struct(B), last_rows)
         self.learn = self.learn.lower(ts, traj, last, ts.key).compile()
-        eval_obs = self._obs_struct(self.eval_env.num_envs)
-        self.act_eval = self.act_eval.lower(ts.params, ts.obs_stats, eval_obs).compile()
+        lo, hi = self.eval_rows
+        self.act_eval = self.act_eval.lower(params, stats, self._obs_struct(hi - lo)).compile()
 
     def _rollout(self, s: HostState, rollout_key):
         """One rollout of ``T`` steps, micro-batch by micro-batch (see the module's doc)."""
-        pool, T, B, mb = self.pool, self.T, self.env.num_envs, self.micro
+        pool, T, B, mb = self.pool, self.T, self.local_envs, self.micro
         arr = pool.arrays
         buf = {k: np.zeros((T, B), np.float32) for k in ("reward", "done", "truncated", "episode_return",
                                                         "episode_success", "value")}
@@ -277,7 +319,8 @@ class HostPPO(HostPools, Trainer):
         buf["final_obs"] = self._zeros(T, B)
         raw = None
         obs = s.obs
-        params, stats = s.learner.params, s.learner.obs_stats
+        params, stats, rollout_key = _local((s.learner.params, s.learner.obs_stats, rollout_key))
+        first = self.rows[0]  # the global index of this process's env 0 (the policy's keys follow it)
         has_value = False
 
         def collect(t, sl):  # the results of step t of micro-batch sl, once its workers answered
@@ -293,7 +336,7 @@ class HostPPO(HostPools, Trainer):
                     pool.wait(m)
                     collect(t - 1, sl)
                 _put(buf["obs"], (t, sl), _take(obs, sl))
-                out = self.infer(params, stats, _take(obs, sl), rollout_key, np.int32(t), np.int32(m * mb))
+                out = self.infer(params, stats, _take(obs, sl), rollout_key, np.int32(t), np.int32(first + m * mb))
                 action, raw_m, logprob, *value = jax.device_get(out)
                 if raw is None:
                     # The stored action's own dtype: a VLA stores int32 bin indices.
@@ -323,6 +366,9 @@ class HostPPO(HostPools, Trainer):
         for _ in range(n):
             key, rollout_key, update_key = jax.random.split(s.learner.key, 3)
             traj, last_obs = self._rollout(s, rollout_key)
+            # Every process's rows of the rollout, one global batch for the update.
+            B = self.env.num_envs
+            traj, last_obs = from_process_rows(traj, self.mesh, B, batch_dim=1), from_process_rows(last_obs, self.mesh, B)
             learner, metrics = self.learn(s.learner.replace(key=key), traj, last_obs, update_key)
             s.learner = learner
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
@@ -343,6 +389,7 @@ class HostPPO(HostPools, Trainer):
 
     def evaluate(self, params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
+        params, stats = _local((params, stats))
         episodes = self.eval_episodes(lambda pool: self.act_eval(params, stats, self._read(pool, "obs", slice(None))), key)
         out = {
             "eval/return": float(np.mean(episodes["return"])),

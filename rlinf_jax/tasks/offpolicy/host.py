@@ -31,6 +31,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
+from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.rollout import env_keys
 from rlinf_jax.sharding import replicate
 from rlinf_jax.sharding.mesh import replicated
@@ -51,6 +52,11 @@ class HostOffPolicyState:
 
 class HostOffPolicy(HostPools, Trainer):
     def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
+        if is_multiprocess():
+            raise BadInput(
+                "the off-policy family on a host simulator runs in one process: start it with "
+                "python -m rlinf_jax.train, not the multi-host launcher"
+            )
         if len(mesh.devices.flat) != 1:
             raise BadInput("a host simulator (env.suite=gym) trains on one device; set cluster.num_devices=1")
         if cfg.flow.max_staleness or cfg.flow.num_micro_batches != 1:
@@ -111,8 +117,7 @@ class HostOffPolicy(HostPools, Trainer):
         return HostOffPolicyState(learner=learner, obs=np.array(self.pool.arrays["obs"]))
 
     def snapshot(self, s: HostOffPolicyState) -> OffPolicyState:
-        counters = self.pool.arrays["episode_index"].astype(np.int32)
-        ts = s.learner.replace(env_state={"episode_index": counters})
+        ts = s.learner.replace(env_state={"episode_index": self.env_counters()})
         # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
         return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
 

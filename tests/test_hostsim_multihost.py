@@ -1,0 +1,77 @@
+"""Host-simulator PPO across hosts: two local processes of one fake CPU device each stand in
+for hosts, each with env workers under a second interpreter (a worker environment).
+
+The reference is one process with two devices running `python -m rlinf_jax.train`. Each
+process of `python -m rlinf_jax.launch --num-hosts 2` steps the envs its device's rows
+hold, seeded by their global indices, so the rollouts, the data-parallel update and the
+split evaluation give the same numbers (up to float summation order). Both runs stop
+after two iterations and resume to four: the episode counters cross the checkpoint as
+one array written by both processes, and each resumes its own envs' episodes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rlinf_jax.runtime import read_metrics
+from tests import test_launch
+from tests.conftest import forced_devices_env
+from tests.test_launch import _assert_close, _error_lines, _launch
+
+pytest.importorskip("gymnasium")
+
+# One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
+pytestmark = pytest.mark.xdist_group("ray")
+ray_address = test_launch.ray_address
+
+RUN = [
+    "--config-name", "ppo_gym_mujoco",
+    "env.num_envs=8", "env.num_eval_envs=4", "env.episode_length=20", "env.num_workers=1",
+    "algorithm.rollout_length=8", "algorithm.num_minibatches=2", "algorithm.update_epochs=1",
+    "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
+    "runner.save_interval=2", "runner.log_interval=1", "runner.eval_interval=2",
+    "runner.progress_bar=false", "runner.tensorboard=false", "cluster.num_devices=all",
+]
+
+
+def _numbers(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in read_metrics(run_dir)]
+
+
+def _one_host(out, name, *args):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlinf_jax.train", *RUN, *args, f"runner.output_dir={out}",
+         f"runner.experiment_name={name}"],
+        capture_output=True, text=True, timeout=600, env=forced_devices_env(2),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_hosts_with_worker_environments_match_one_host_across_a_resume(ray_address, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    worker_python = f"env.worker_python={venv / 'bin' / 'python'}"
+    for steps in (2, 4):
+        _one_host(tmp_path, "one_host", f"runner.max_steps={steps}", "runner.resume=auto")
+        proc = _launch(ray_address, *RUN, worker_python, f"runner.max_steps={steps}", "runner.resume=auto",
+                       f"runner.output_dir={tmp_path}", "runner.experiment_name=two_hosts", devices=1)
+        assert proc.returncode == 0, test_launch._launcher_lines(proc.stderr) or proc.stderr[-3000:]
+    ref, got = _numbers(tmp_path / "one_host"), _numbers(tmp_path / "two_hosts")
+    assert [r["step"] for r in ref] == [0, 1, 2, 3, 4]
+    assert sum(r.get("env/episodes", 0) for r in ref) > 0  # episodes ended, so their counters moved
+    _assert_close(got, ref)
+    state = tmp_path / "two_hosts" / "checkpoints" / "4" / "state"
+    assert {p.name for p in state.glob("ocdbt.process_*")} == {"ocdbt.process_0", "ocdbt.process_1"}
+
+
+@pytest.mark.slow
+def test_a_mesh_on_one_host_of_two_is_refused_in_one_line(ray_address, tmp_path):
+    proc = _launch(ray_address, *RUN, "cluster.num_devices=1", "runner.max_steps=1", f"runner.output_dir={tmp_path}",
+                   devices=1, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and "cluster.num_devices" in errors[0], proc.stderr[-3000:]
