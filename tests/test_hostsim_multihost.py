@@ -6,11 +6,13 @@ process of `python -m rlinf_jax.launch --num-hosts 2` steps the envs its device'
 hold, seeded by their global indices, so the rollouts, the data-parallel update and the
 split evaluation give the same numbers (up to float summation order). Both runs stop
 after two iterations and resume to four: the episode counters cross the checkpoint as
-one array written by both processes, and each resumes its own envs' episodes.
+one array written by both processes, and each resumes its own envs' episodes. Placed
+disaggregated, one host steps every env and the other updates, with the same numbers.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -69,9 +71,22 @@ def test_two_hosts_with_worker_environments_match_one_host_across_a_resume(ray_a
 
 
 @pytest.mark.slow
-def test_a_mesh_on_one_host_of_two_is_refused_in_one_line(ray_address, tmp_path):
-    proc = _launch(ray_address, *RUN, "cluster.num_devices=1", "runner.max_steps=1", f"runner.output_dir={tmp_path}",
-                   devices=1, timeout=300)
+def test_disaggregated_over_two_hosts_matches_one_host(ray_address, tmp_path):
+    """Envs and rollout on the first host, the update on the second: the rollout crosses
+    hosts every iteration and the parameters come back; the numbers are one host's."""
+    _one_host(tmp_path, "one_host", "runner.max_steps=2")
+    proc = _launch(ray_address, *RUN, "cluster.component_placement=disaggregated", "runner.max_steps=2",
+                   f"runner.output_dir={tmp_path}", "runner.experiment_name=two_hosts", devices=1)
+    assert proc.returncode == 0, test_launch._launcher_lines(proc.stderr) or proc.stderr[-3000:]
+    _assert_close(_numbers(tmp_path / "two_hosts"), _numbers(tmp_path / "one_host"))
+    placement = json.loads((tmp_path / "two_hosts" / "placement.json").read_text())
+    assert placement["components"]["rollout"]["devices"] == [0] and placement["components"]["actor"]["devices"] == [1]
+
+
+@pytest.mark.slow
+def test_env_and_rollout_on_different_hosts_are_refused_in_one_line(ray_address, tmp_path):
+    proc = _launch(ray_address, *RUN, "cluster.component_placement={env: 0, rollout: 1, actor: 0-1}",
+                   "runner.max_steps=1", f"runner.output_dir={tmp_path}", devices=1, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = _error_lines(proc.stderr)
-    assert len(errors) == 1 and "cluster.num_devices" in errors[0], proc.stderr[-3000:]
+    assert len(errors) == 1 and "place env and rollout on the same hosts" in errors[0], proc.stderr[-3000:]

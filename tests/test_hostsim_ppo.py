@@ -93,11 +93,27 @@ def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.devices(2)
-def test_two_devices_give_one_devices_numbers():
-    """The data-parallel update over two devices: the same parameters, metrics and evaluation."""
+def test_every_layout_on_two_devices_gives_one_devices_numbers():
+    """Data-parallel over two devices, disaggregated (envs and rollout on one device, the
+    update on the other) and the mirror mapping: the same parameters, metrics and evaluation."""
     ref, m_ref, ev_ref, _, _ = _params_after(["cluster.num_devices=1", "env.num_workers=1"])
-    got, m, ev, _, _ = _params_after(["cluster.num_devices=2", "env.num_workers=1"])
-    for a, b in zip(ref, got):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert m == pytest.approx(m_ref, rel=1e-5, abs=1e-6)
-    assert ev == pytest.approx(ev_ref, rel=1e-6)
+    for layout in ("collocated", "disaggregated", "{env: 1, rollout: 1, actor: 0}"):
+        got, m, ev, _, _ = _params_after(["cluster.num_devices=2", "env.num_workers=1",
+                                          f"cluster.component_placement={layout}"])
+        for a, b in zip(ref, got):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=layout)
+        assert m == pytest.approx(m_ref, rel=1e-5, abs=1e-6), layout
+        assert ev == pytest.approx(ev_ref, rel=1e-6), layout
+
+
+@pytest.mark.devices(2)
+def test_the_rollout_infers_on_its_own_device():
+    trainer = build_trainer(load_config("ppo_gym_mujoco", [*TINY, "cluster.num_devices=2",
+                                                           "cluster.component_placement={env: 1, rollout: 1, actor: 0}"]))
+    try:
+        state = trainer.init()
+        local = trainer._for_rollout((state.learner.params, state.learner.obs_stats))
+        assert {d.id for leaf in jax.tree.leaves(local) for d in leaf.devices()} == {1}
+        assert {d.id for leaf in jax.tree.leaves(state.learner.params) for d in leaf.devices()} == {0}
+    finally:
+        trainer.close()

@@ -211,8 +211,9 @@ def place_rows(tree, mesh: Mesh, rows: int):
 
 def process_rows(mesh: Mesh, rows: int) -> tuple[int, int]:
     """``[lo, hi)``: the rows of a ``rows``-long batch split over ``mesh``'s batch axes that
-    this process's devices hold. Work done row by row on the host (a host simulator's
-    envs) runs where its rows live; with one process, every row."""
+    this process's devices hold (``(0, 0)`` for a process without a device of the mesh).
+    Work done row by row on the host (a host simulator's envs) runs where its rows live;
+    with one process, every row."""
     if jax.process_count() == 1:
         return 0, rows
     held = sorted(
@@ -220,10 +221,7 @@ def process_rows(mesh: Mesh, rows: int) -> tuple[int, int]:
         for idx in batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
     )
     if not held:
-        raise BadInput(
-            f"process {jax.process_index()} holds no device of the mesh, so no row of the batch of {rows}; "
-            "set cluster.num_devices=all so that the mesh spans every host"
-        )
+        return 0, 0
     lo, hi = held[0][0], max(h for _, h in held)
     covered = np.zeros(rows, bool)
     for a, b in held:
@@ -238,10 +236,13 @@ def from_process_rows(tree, mesh: Mesh, rows: int, batch_dim: int = 0):
     on the host (`process_rows`): the inverse of reading one's own rows. One process:
     `jax.device_put`."""
     s = batch_sharding(mesh, batch_dim)
+    holds_none = not s.addressable_devices
 
     def place(x):
         x = np.asarray(x)
         shape = (*x.shape[:batch_dim], rows, *x.shape[batch_dim + 1:])
+        if holds_none:  # a process outside the mesh: the array's stand-in, with no shard here
+            return jax.make_array_from_single_device_arrays(shape, s, [], dtype=jax.dtypes.canonicalize_dtype(x.dtype))
         return jax.make_array_from_process_local_data(s, x, shape)
 
     return jax.tree.map(place, tree)

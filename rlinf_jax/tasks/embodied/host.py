@@ -20,12 +20,15 @@ With a camera (``env.camera``) an observation is the tabletop's structure,
 shared block, the task's fixed instruction tokens added here; every buffer below is that
 pytree instead of one array.
 
-On several devices the update is data-parallel: the rollout's rows split over the mesh's
-batch axes. In a multi-host run (`rlinf_jax.launch`) each process opens workers for the
-envs whose rows its devices hold (seeded by their global indices), infers on its own
-device with its copy of the replicated parameters, and the update joins every process's
-rows into global arrays; the evaluation's envs split the same way. So one process, or
-several, give the same numbers up to float summation order.
+Placement (``cluster.component_placement``): the envs' rows split over the rollout's
+mesh and the update runs on the actor's, data-parallel over its batch axes; when the two
+differ, parameters move to the rollout's devices before each rollout and the rollout's
+rows to the actor's after it. In a multi-host run (`rlinf_jax.launch`) each process opens
+workers for the envs whose rows its rollout devices hold (seeded by their global
+indices) and infers on its own device with its copy of the parameters; a process without
+rollout devices steps no env and joins the update. The evaluation's envs split the same
+way. So every layout, on one process or several, gives the same numbers up to float
+summation order.
 
 Checkpoints hold each env's episode counter (``env_state["episode_index"]``): a resumed
 run starts every env at its next episode with that episode's seed. What cannot be
@@ -50,7 +53,10 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import Transition, env_keys, step_keys
 from rlinf_jax.runtime.distributed import is_multiprocess
-from rlinf_jax.sharding import batch_divisor, batch_sharding, fetch, from_process_rows, process_rows, replicate
+from rlinf_jax.sharding import (
+    Placement, batch_divisor, batch_sharding, component_mesh, fetch, from_process_rows, process_rows, put, replicate,
+    replicated,
+)
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, stats_size
@@ -91,6 +97,11 @@ class HostPools:
     _restarts_before = 0
     rows: tuple[int, int] | None = None  # None: every env of the batch
     eval_rows: tuple[int, int] | None = None
+    rollout_mesh = None  # the mesh ``rows`` are cut over (None: ``mesh``)
+
+    @property
+    def rows_mesh(self):
+        return self.mesh if self.rollout_mesh is None else self.rollout_mesh
 
     def _rows(self, which: str) -> tuple[int, int]:
         rows = getattr(self, which)
@@ -108,6 +119,8 @@ class HostPools:
         e = self.cfg.env
         lo, hi = self._rows("rows")
         self._close_pool("pool")
+        if hi == lo:
+            return  # a process of a multi-host run that steps no env
         self.pool = HostEnvPool(
             self.env.spec, hi - lo, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
             episode_index=episode_index[lo:hi], step_timeout_s=e.step_timeout_s, first_env=lo,
@@ -116,9 +129,9 @@ class HostPools:
     def env_counters(self):
         """Every env's episode counter, for a checkpoint: this process's from its pool, as
         one global array in a multi-host run (each process writes its rows)."""
-        counters = self.pool.arrays["episode_index"].astype(np.int32)
+        counters = np.zeros(0, np.int32) if self.pool is None else self.pool.arrays["episode_index"].astype(np.int32)
         if is_multiprocess():
-            counters = from_process_rows(counters, self.mesh, self.env.num_envs)
+            counters = from_process_rows(counters, self.rows_mesh, self.env.num_envs)
         return counters
 
     def _close_pool(self, name: str) -> None:
@@ -135,26 +148,28 @@ class HostPools:
         e = self.cfg.env
         lo, hi = self._rows("eval_rows")
         n = hi - lo
-        if self.eval_pool is None:
-            self.eval_pool = HostEnvPool(
-                self.eval_env.spec, n, min(e.num_workers, n), seed=0, step_timeout_s=e.step_timeout_s, first_env=lo,
-            )
-        pool = self.eval_pool
-        pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
         ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
-        for _ in range(self.env.spec.time_limit):
-            action = np.asarray(act(pool))
-            pool.step(action.reshape(action.shape[0], -1))
-            ret += pool.arrays["reward"] * alive
-            length += alive
-            ended = alive * pool.arrays["done"]
-            success = np.where(ended > 0, pool.arrays["episode_success"], success)
-            alive *= 1.0 - pool.arrays["done"]
-            if not alive.any():
-                break
+        if n:
+            if self.eval_pool is None:
+                self.eval_pool = HostEnvPool(
+                    self.eval_env.spec, n, min(e.num_workers, n), seed=0, step_timeout_s=e.step_timeout_s,
+                    first_env=lo,
+                )
+            pool = self.eval_pool
+            pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+            for _ in range(self.env.spec.time_limit):
+                action = np.asarray(act(pool))
+                pool.step(action.reshape(action.shape[0], -1))
+                ret += pool.arrays["reward"] * alive
+                length += alive
+                ended = alive * pool.arrays["done"]
+                success = np.where(ended > 0, pool.arrays["episode_success"], success)
+                alive *= 1.0 - pool.arrays["done"]
+                if not alive.any():
+                    break
         out = {"return": ret, "length": length, "success": success}
         if is_multiprocess():
-            out = fetch(from_process_rows(out, self.mesh, self.eval_env.num_envs))
+            out = fetch(from_process_rows(out, self.rows_mesh, self.eval_env.num_envs))
         return out
 
     def flow_stats(self) -> dict[str, float]:
@@ -168,25 +183,39 @@ class HostPools:
 
 
 class HostPPO(HostPools, Trainer):
-    def __init__(self, cfg: Config, setup: Setup, mesh):
+    def __init__(self, cfg: Config, setup: Setup, placement: Placement, devices):
         if cfg.algorithm.adv_type in GROUP_OUTCOME_ADVANTAGES:
             # Groups share a reset state, which a host simulator's seeds per env do not give.
             raise BadInput(
                 f"algorithm.adv_type={cfg.algorithm.adv_type} needs envs that share resets; host simulators "
                 "(env.suite=gym) run gae-style estimators: set algorithm.adv_type=gae"
             )
-        self.cfg, self.mesh = cfg, mesh
+        self.cfg = cfg
+        # The update's mesh and the rollout's (where the envs' rows and the inference live).
+        self.mesh = mesh = component_mesh(placement, "actor", devices)
+        self.rollout_mesh = component_mesh(placement, "rollout", devices)
+        self.moves = self.rollout_mesh != mesh
         self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
         self.policy, self.graphdef, self._init_params = setup.policy, setup.graphdef, setup.params
         self.warm_start_metrics = setup.warm_start_metrics
         e = cfg.env
         check_batch(cfg, setup, mesh)
+        check_batch(cfg, setup, self.rollout_mesh)
+        env_hosts = {d.process_index for d in component_mesh(placement, "env", devices).devices.flat}
+        rollout_hosts = {d.process_index for d in self.rollout_mesh.devices.flat}
+        if env_hosts != rollout_hosts:
+            raise BadInput(
+                "cluster.component_placement: a host simulator's workers hand their observations to the rollout "
+                f"on the host they run on; place env and rollout on the same hosts (env on processes "
+                f"{sorted(env_hosts)}, rollout on {sorted(rollout_hosts)})"
+            )
         self.num_micro = cfg.flow.num_micro_batches
         B = self.env.num_envs
-        self.rows, self.eval_rows = process_rows(mesh, B), process_rows(mesh, self.eval_env.num_envs)
+        self.rows = process_rows(self.rollout_mesh, B)
+        self.eval_rows = process_rows(self.rollout_mesh, self.eval_env.num_envs)
         self.local_envs = local = self.rows[1] - self.rows[0]
         where = f" of this process's {local}" if local != B else ""
-        if local % self.num_micro or e.num_workers > local // self.num_micro:
+        if local and (local % self.num_micro or e.num_workers > local // self.num_micro):
             raise BadInput(
                 f"env.num_envs={B}{where} must split into flow.num_micro_batches={self.num_micro} micro-batches "
                 f"of at least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
@@ -275,21 +304,65 @@ class HostPPO(HostPools, Trainer):
     def start(self, ts: TrainState) -> HostState:
         self._open_pool(ts.env_state["episode_index"], self.num_micro)
         learner = replicate(ts.replace(env_state=None), self.mesh)
-        return HostState(learner=learner, obs=self._read(self.pool, "obs", slice(None)))
+        obs = self._read(self.pool, "obs", slice(None)) if self.pool is not None else self._zeros(0)
+        return HostState(learner=learner, obs=obs)
 
     def snapshot(self, s: HostState) -> TrainState:
         return s.learner.replace(env_state={"episode_index": self.env_counters()})
 
     def progress(self, s: HostState) -> tuple[int, int]:
-        return int(s.learner.step), int(s.learner.bad_iterations)
+        step, bad = fetch((s.learner.step, s.learner.bad_iterations))
+        return int(step), int(bad)
+
+    # ------------------------------------------------------------ placement
+    @functools.cached_property
+    def _rollout_here(self) -> bool:
+        """Whether this process holds a device of the rollout (and so envs of both batches)."""
+        return any(d.process_index == jax.process_index() for d in self.rollout_mesh.devices.flat)
+
+    def _for_rollout(self, tree):
+        """``tree`` (replicated on the actor's mesh, or host data) as this process's copy on
+        its rollout device; None on a process without one. Every process calls it: moving
+        between meshes may cross hosts."""
+        if self.moves:
+            tree = put(tree, replicated(self.rollout_mesh))
+        return _local(tree) if self._rollout_here else None
+
+    def _to_actor(self, tree, batch_dim: int):
+        """Every process's rows (host arrays, the rollout's cut) as one batch on the actor's mesh."""
+        tree = from_process_rows(tree, self.rollout_mesh, self.env.num_envs, batch_dim)
+        return put(tree, batch_sharding(self.mesh, batch_dim)) if self.moves else tree
+
+    def _split_key(self, key):
+        """``(next state key, rollout key, update key)``: split on the host, the same on every
+        process; the update's key replicated on the actor's mesh."""
+        key, rollout_key, update_key = jax.random.split(jnp.asarray(fetch(key)), 3)
+        rep = replicated(self.mesh)
+        return put(key, rep), rollout_key, put(update_key, rep)
+
+    @functools.cached_property
+    def _policy_outputs(self):
+        """Shapes and dtypes of the policy's ``(action, stored action, log-prob[, value])``."""
+        ts = self._abstract_state
+        i32 = jax.ShapeDtypeStruct((), jnp.int32)
+        return jax.eval_shape(self._infer, ts.params, ts.obs_stats, self._obs_struct(1), ts.key, i32, i32)
+
+    @functools.cached_property
+    def _abstract_state(self):
+        return jax.eval_shape(self.fresh_state)
 
     def compile(self, s: HostState, eval_key) -> None:
         ts = s.learner
-        params, stats, key = _local((ts.params, ts.obs_stats, ts.key))
-        obs = self._obs_struct(self.micro)
+        local = self._for_rollout((ts.params, ts.obs_stats))
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        self.infer = self.infer.lower(params, stats, obs, key, i32, i32).compile()
-        outs = jax.eval_shape(self._infer, params, stats, obs, key, i32, i32)
+        if local is not None:
+            params, stats = local
+            key = jax.ShapeDtypeStruct(ts.key.shape, ts.key.dtype)
+            if self.local_envs:
+                self.infer = self.infer.lower(params, stats, self._obs_struct(self.micro), key, i32, i32).compile()
+            lo, hi = self.eval_rows
+            self.act_eval = self.act_eval.lower(params, stats, self._obs_struct(hi - lo)).compile()
+        outs = self._policy_outputs
         T, B = self.T, self.env.num_envs
         rows, last_rows = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 0)
         f = lambda *shape: jax.ShapeDtypeStruct((T, B, *shape), jnp.float32, sharding=rows)  # noqa: E731
@@ -305,31 +378,33 @@ class HostPPO(HostPools, Trainer):
         )
         last = split(self._obs_struct(B), last_rows)
         self.learn = self.learn.lower(ts, traj, last, ts.key).compile()
-        lo, hi = self.eval_rows
-        self.act_eval = self.act_eval.lower(params, stats, self._obs_struct(hi - lo)).compile()
 
-    def _rollout(self, s: HostState, rollout_key):
-        """One rollout of ``T`` steps, micro-batch by micro-batch (see the module's doc)."""
+    def _rollout(self, s: HostState, local, rollout_key):
+        """One rollout of ``T`` steps of this process's envs, micro-batch by micro-batch (see
+        the module's doc), acting with ``local`` (`_for_rollout`'s parameters and statistics)."""
         pool, T, B, mb = self.pool, self.T, self.local_envs, self.micro
-        arr = pool.arrays
+        outs = self._policy_outputs
         buf = {k: np.zeros((T, B), np.float32) for k in ("reward", "done", "truncated", "episode_return",
                                                         "episode_success", "value")}
         buf["episode_length"] = np.zeros((T, B), np.int32)
         buf["obs"] = self._zeros(T, B)
         buf["final_obs"] = self._zeros(T, B)
-        raw = None
+        # The stored action's own dtype: a VLA stores int32 bin indices.
+        raw = np.zeros((T, B, *outs[1].shape[1:]), outs[1].dtype)
+        buf["logprob"] = np.zeros((T, B, *outs[2].shape[1:]), outs[2].dtype)
+        has_value = len(outs) > 3
         obs = s.obs
-        params, stats, rollout_key = _local((s.learner.params, s.learner.obs_stats, rollout_key))
         first = self.rows[0]  # the global index of this process's env 0 (the policy's keys follow it)
-        has_value = False
 
         def collect(t, sl):  # the results of step t of micro-batch sl, once its workers answered
+            arr = pool.arrays
             for k in ("reward", "done", "truncated", "episode_return", "episode_length", "episode_success"):
                 buf[k][t, sl] = arr[k][sl]
             _put(buf["final_obs"], (t, sl), self._read(pool, "final_obs", sl, copy=False))
             _put(obs, sl, self._read(pool, "obs", sl, copy=False))
 
-        for t in range(T):
+        for t in range(T if B else 0):
+            params, stats = local
             for m in range(self.num_micro):
                 sl = pool.group(m)
                 if t:
@@ -338,18 +413,13 @@ class HostPPO(HostPools, Trainer):
                 _put(buf["obs"], (t, sl), _take(obs, sl))
                 out = self.infer(params, stats, _take(obs, sl), rollout_key, np.int32(t), np.int32(first + m * mb))
                 action, raw_m, logprob, *value = jax.device_get(out)
-                if raw is None:
-                    # The stored action's own dtype: a VLA stores int32 bin indices.
-                    raw = np.zeros((T, B, *raw_m.shape[1:]), raw_m.dtype)
-                    buf["logprob"] = np.zeros((T, B, *logprob.shape[1:]), logprob.dtype)
-                arr["action"][sl] = action.reshape(action.shape[0], -1)  # a VLA's [mb, 1, act] chunk
+                pool.arrays["action"][sl] = action.reshape(action.shape[0], -1)  # a VLA's [mb, 1, act] chunk
                 pool.send(m)
                 raw[t, sl] = raw_m
                 buf["logprob"][t, sl] = logprob
                 if value:
-                    has_value = True
                     buf["value"][t, sl] = value[0]
-        for m in range(self.num_micro):
+        for m in range(self.num_micro if B else 0):
             sl = pool.group(m)
             pool.wait(m)
             collect(T - 1, sl)
@@ -364,11 +434,13 @@ class HostPPO(HostPools, Trainer):
     def run_iterations(self, s: HostState, n: int):
         sums = None
         for _ in range(n):
-            key, rollout_key, update_key = jax.random.split(s.learner.key, 3)
-            traj, last_obs = self._rollout(s, rollout_key)
-            # Every process's rows of the rollout, one global batch for the update.
-            B = self.env.num_envs
-            traj, last_obs = from_process_rows(traj, self.mesh, B, batch_dim=1), from_process_rows(last_obs, self.mesh, B)
+            key, rollout_key, update_key = self._split_key(s.learner.key)
+            local = self._for_rollout((s.learner.params, s.learner.obs_stats))
+            if local is not None:  # the key beside the parameters, on this process's rollout device
+                rollout_key = jax.device_put(rollout_key, jax.tree.leaves(local)[0].sharding)
+            traj, last_obs = self._rollout(s, local, rollout_key)
+            # Every process's rows of the rollout, one batch on the actor's mesh for the update.
+            traj, last_obs = self._to_actor(traj, 1), self._to_actor(last_obs, 0)
             learner, metrics = self.learn(s.learner.replace(key=key), traj, last_obs, update_key)
             s.learner = learner
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
@@ -389,8 +461,9 @@ class HostPPO(HostPools, Trainer):
 
     def evaluate(self, params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
-        params, stats = _local((params, stats))
-        episodes = self.eval_episodes(lambda pool: self.act_eval(params, stats, self._read(pool, "obs", slice(None))), key)
+        local = self._for_rollout((params, stats))
+        act = lambda pool: self.act_eval(*local, self._read(pool, "obs", slice(None)))  # noqa: E731
+        episodes = self.eval_episodes(act, key)
         out = {
             "eval/return": float(np.mean(episodes["return"])),
             "eval/return_std": float(np.std(episodes["return"])),

@@ -36,7 +36,7 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
     if is_host_suite(cfg.env):
         # A host simulator steps outside jit: its own host-stepped runner, pipelined by
         # flow.num_micro_batches, with the same PPO maths.
-        trainer = HostPPO(cfg, setup, component_mesh(placement, "actor", devices))
+        trainer = HostPPO(cfg, setup, placement, devices)
     elif runners.fused(cfg.flow, placement):
         trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices))
     else:
