@@ -84,6 +84,9 @@ class StagedOffPolicy(Trainer):
         self._offline = jax.jit(offline, donate_argnums=0)
         self._keys = jax.jit(lambda key: lib.iteration_keys(key, learner.settings.rollout_length))
         self._finish = jax.jit(lambda ts, sums, key, a, s: lib.finish_iteration(learner, ts, sums, key, a, s))
+        # Traced once, not every iteration: the zeros the learner's sums start from.
+        self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos),
+                                     out_shardings=replicated(self.actor_mesh))
         self.run_eval = self.core.run_eval
         self.evaluate = self.core.evaluate
         self.policy = self.core.policy
@@ -148,7 +151,7 @@ class StagedOffPolicy(Trainer):
         env_rows, rollout_rows = batch_sharding(self.env_mesh), batch_sharding(self.rollout_mesh)
         actor_rows = batch_sharding(self.actor_mesh)
         env_sums = self._zero_env_sums()
-        learn_sums = lib.zero_metrics(self.learner, learner_state, self.core.demos)
+        learn_sums = self._zero_metrics(learner_state, self.core.demos)
 
         def collect(t, acting):
             nonlocal env_state, env_sums
