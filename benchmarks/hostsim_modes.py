@@ -127,7 +127,7 @@ def _policy_flops_per_iteration(trainer, state) -> float:
     ts, i32 = state.learner, jax.ShapeDtypeStruct((), jnp.int32)
     infer = roofline.program_flops(trainer._infer, ts.params, ts.obs_stats, trainer._obs_struct(trainer.micro),
                                    ts.key, i32, i32)
-    traj, last = trainer._rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
+    traj, last = trainer.rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
     learn = roofline.program_flops(functools.partial(ppo.learn, trainer.learner), ts, traj, last, ts.key)
     return trainer.T * trainer.num_micro * infer + learn
 
@@ -182,7 +182,7 @@ def main() -> None:
 
                 def rollouts():
                     for _ in range(args.iterations):
-                        trainer._rollout(state, jax.random.PRNGKey(r))
+                        trainer.rollout(state, jax.random.PRNGKey(r))
 
                 dt, util = _time(iterations, pids)
                 rounds[name]["iter"].append(args.iterations * per_iteration / dt)

@@ -379,6 +379,14 @@ class HostPPO(HostPools, Trainer):
         last = split(self._obs_struct(B), last_rows)
         self.learn = self.learn.lower(ts, traj, last, ts.key).compile()
 
+    def rollout(self, s: HostState, rollout_key):
+        """One rollout of this process's envs acting with ``s``'s parameters: ``(trajectory
+        [T, local envs], last observations)`` as host arrays. Every process calls it."""
+        local = self._for_rollout((s.learner.params, s.learner.obs_stats))
+        if local is not None:  # the key beside the parameters, on this process's rollout device
+            rollout_key = jax.device_put(rollout_key, jax.tree.leaves(local)[0].sharding)
+        return self._rollout(s, local, rollout_key)
+
     def _rollout(self, s: HostState, local, rollout_key):
         """One rollout of ``T`` steps of this process's envs, micro-batch by micro-batch (see
         the module's doc), acting with ``local`` (`_for_rollout`'s parameters and statistics)."""
@@ -435,10 +443,7 @@ class HostPPO(HostPools, Trainer):
         sums = None
         for _ in range(n):
             key, rollout_key, update_key = self._split_key(s.learner.key)
-            local = self._for_rollout((s.learner.params, s.learner.obs_stats))
-            if local is not None:  # the key beside the parameters, on this process's rollout device
-                rollout_key = jax.device_put(rollout_key, jax.tree.leaves(local)[0].sharding)
-            traj, last_obs = self._rollout(s, local, rollout_key)
+            traj, last_obs = self.rollout(s, rollout_key)
             # Every process's rows of the rollout, one batch on the actor's mesh for the update.
             traj, last_obs = self._to_actor(traj, 1), self._to_actor(last_obs, 0)
             learner, metrics = self.learn(s.learner.replace(key=key), traj, last_obs, update_key)
