@@ -33,7 +33,6 @@ put us level with or ahead of torch's bfloat16 step).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import os
@@ -49,6 +48,7 @@ if __name__ == "__main__":
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Sets the one-thread XLA flags and torch threads before JAX starts (through sampler_vs_hf).
 import train_step_vs_torch as ts  # noqa: E402  isort: skip
+from roofline import collect_dots, dot_flops as flops, einsum_spec  # noqa: E402  isort: skip
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -58,53 +58,12 @@ from flax import nnx  # noqa: E402
 
 from rlinf_jax.policies.lm import from_pretrained  # noqa: E402
 from rlinf_jax.policies.lm.tiny import tiny_hf_model  # noqa: E402
-from rlinf_jax.profile import _sub_jaxprs  # noqa: E402
-
-
-def collect_dots(jaxpr, mult: int = 1, out=None) -> collections.Counter:
-    """``(lhs shape, rhs shape, dimension numbers) -> how many times it runs`` over a jaxpr,
-    scans counted ``length`` times."""
-    out = collections.Counter() if out is None else out
-    for eqn in jaxpr.eqns:
-        name, params = eqn.primitive.name, eqn.params
-        if name == "dot_general":
-            (lc, rc), (lb, rb) = params["dimension_numbers"]
-            key = (eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, (tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
-            out[key] += mult
-        elif name == "scan":
-            collect_dots(params["jaxpr"].jaxpr, mult * params["length"], out)
-        else:
-            for sub in _sub_jaxprs(params):
-                collect_dots(sub, mult, out)
-    return out
-
-
-def flops(key) -> float:
-    """2 x (batch x lhs free x rhs free) x contracted, of one product."""
-    lhs, rhs, (lc, rc), (lb, rb) = key
-    lfree = [n for i, n in enumerate(lhs) if i not in lc and i not in lb]
-    rfree = [n for j, n in enumerate(rhs) if j not in rc and j not in rb]
-    return 2.0 * math.prod(lhs[i] for i in lb) * math.prod(lfree) * math.prod(rfree) * math.prod(lhs[i] for i in lc)
-
-
-def einsum_spec(key) -> str:
-    """The torch.einsum subscripts of a dot_general (batch, lhs free, rhs free: its output order)."""
-    lhs, rhs, (lc, rc), (lb, rb) = key
-    letters = iter("abcdefghijklmnopqrstuvwxyz")
-    left, right = [None] * len(lhs), [None] * len(rhs)
-    batch = []
-    for i, j in zip(lb, rb):
-        left[i] = right[j] = c = next(letters)
-        batch.append(c)
-    for i, j in zip(lc, rc):
-        left[i] = right[j] = next(letters)
-    lfree = [left.__setitem__(i, next(letters)) or left[i] for i in range(len(lhs)) if left[i] is None]
-    rfree = [right.__setitem__(j, next(letters)) or right[j] for j in range(len(rhs)) if right[j] is None]
-    return f"{''.join(left)},{''.join(right)}->{''.join(batch + lfree + rfree)}"
 
 
 def _median_time(call, calls: int, repeats: int) -> float:
-    call()
+    warm = call()  # compiles; waited for, so that no timing includes it
+    if isinstance(warm, jax.Array):
+        warm.block_until_ready()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

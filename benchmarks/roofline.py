@@ -14,8 +14,10 @@ their costliest branch. It is the program's arithmetic, not what XLA fuses or sk
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import math
 
 PEAK_SIZE = 1024  # 2 GFLOP a product: a fraction of a second per run on one CPU core
 PEAK_REPEATS = 5
@@ -109,3 +111,52 @@ def counting_calls(module, while_trips: dict):
     finally:
         for name, fn in originals.items():
             setattr(module, name, fn)
+
+
+# ------------------------------------------------------------ products one by one
+def collect_dots(jaxpr, mult: int = 1, out=None) -> collections.Counter:
+    """``(lhs shape, rhs shape, contracting dims, batch dims) -> how many times it runs``
+    for every matrix product of a jaxpr, scans counted ``length`` times."""
+    from rlinf_jax.profile import _sub_jaxprs
+
+    out = collections.Counter() if out is None else out
+    for eqn in jaxpr.eqns:
+        name, params = eqn.primitive.name, eqn.params
+        if name == "dot_general":
+            (lc, rc), (lb, rb) = params["dimension_numbers"]
+            key = (eqn.invars[0].aval.shape, eqn.invars[1].aval.shape, (tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+            out[key] += mult
+        elif name == "scan":
+            collect_dots(params["jaxpr"].jaxpr, mult * params["length"], out)
+        else:
+            for sub in _sub_jaxprs(params):
+                collect_dots(sub, mult, out)
+    return out
+
+
+def dot_flops(key) -> float:
+    """2 x (batch x lhs free x rhs free) x contracted, of one product."""
+    lhs, rhs, (lc, rc), (lb, rb) = key
+    lfree = [n for i, n in enumerate(lhs) if i not in lc and i not in lb]
+    rfree = [n for j, n in enumerate(rhs) if j not in rc and j not in rb]
+    return 2.0 * math.prod(lhs[i] for i in lb) * math.prod(lfree) * math.prod(rfree) * math.prod(lhs[i] for i in lc)
+
+
+def einsum_spec(key) -> str:
+    """The torch.einsum subscripts of a dot_general (batch, lhs free, rhs free: its output order)."""
+    lhs, rhs, (lc, rc), (lb, rb) = key
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    left, right = [None] * len(lhs), [None] * len(rhs)
+    batch = []
+    for i, j in zip(lb, rb):
+        left[i] = right[j] = c = next(letters)
+        batch.append(c)
+    for i, j in zip(lc, rc):
+        left[i] = right[j] = next(letters)
+    free = []
+    for axes in (left, right):
+        for i, letter in enumerate(axes):
+            if letter is None:
+                axes[i] = next(letters)
+                free.append(axes[i])
+    return f"{''.join(left)},{''.join(right)}->{''.join(batch + free)}"
