@@ -12,6 +12,7 @@ from rlinf_jax.sharding.mesh import (
     from_process_rows,
     place_rows,
     process_rows,
+    rows_by_process,
     put,
     replicate,
     replicated,

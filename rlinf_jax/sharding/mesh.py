@@ -209,26 +209,42 @@ def place_rows(tree, mesh: Mesh, rows: int):
     return jax.tree.map(lambda x: put(x, bs if split and np.ndim(x) and np.shape(x)[0] == rows else rep), tree)
 
 
+def rows_by_process(mesh: Mesh, rows: int) -> dict[int, tuple[int, int]]:
+    """``{process: [lo, hi)}``: which rows of a ``rows``-long batch split over ``mesh``'s
+    batch axes each process's devices hold (processes without a device of the mesh are
+    absent). Computed from the whole mesh, so every process reaches the same answer, and
+    the same refusal: a process's rows must be one block, and no row may live on two
+    processes (work done row by row on the host would run twice)."""
+    held: dict[int, list[tuple[int, int]]] = {}
+    owners: dict[tuple[int, int], set[int]] = {}
+    for device, idx in batch_sharding(mesh).devices_indices_map((rows,)).items():
+        block = (idx[0].start or 0, rows if idx[0].stop is None else idx[0].stop)
+        held.setdefault(device.process_index, []).append(block)
+        owners.setdefault(block, set()).add(device.process_index)
+    shared = {b: p for b, p in owners.items() if len(p) > 1}
+    if shared:
+        (lo, hi), procs = min(shared.items())
+        raise BadInput(
+            f"rows {lo}-{hi - 1} of the batch of {rows} live on processes {sorted(procs)}: work done on the host "
+            "row by row needs each row on one host; split the batch over every host (drop the mesh's non-batch "
+            "axes across hosts)"
+        )
+    out = {}
+    for process, blocks in held.items():
+        lo, hi = min(a for a, _ in blocks), max(b for _, b in blocks)
+        if sum(b - a for a, b in set(blocks)) != hi - lo:
+            raise BadInput(f"process {process}'s rows of the batch of {rows} are not one block on this mesh")
+        out[process] = (lo, hi)
+    return out
+
+
 def process_rows(mesh: Mesh, rows: int) -> tuple[int, int]:
-    """``[lo, hi)``: the rows of a ``rows``-long batch split over ``mesh``'s batch axes that
-    this process's devices hold (``(0, 0)`` for a process without a device of the mesh).
-    Work done row by row on the host (a host simulator's envs) runs where its rows live;
-    with one process, every row."""
+    """``[lo, hi)``: this process's rows of `rows_by_process` (``(0, 0)`` for a process
+    without a device of the mesh). Work done row by row on the host (a host simulator's
+    envs) runs where its rows live; with one process, every row."""
     if jax.process_count() == 1:
         return 0, rows
-    held = sorted(
-        (idx[0].start or 0, rows if idx[0].stop is None else idx[0].stop)
-        for idx in batch_sharding(mesh).addressable_devices_indices_map((rows,)).values()
-    )
-    if not held:
-        return 0, 0
-    lo, hi = held[0][0], max(h for _, h in held)
-    covered = np.zeros(rows, bool)
-    for a, b in held:
-        covered[a:b] = True
-    if not covered[lo:hi].all():
-        raise BadInput(f"process {jax.process_index()}'s rows of the batch are not contiguous on this mesh")
-    return lo, hi
+    return rows_by_process(mesh, rows).get(jax.process_index(), (0, 0))
 
 
 def from_process_rows(tree, mesh: Mesh, rows: int, batch_dim: int = 0):

@@ -289,7 +289,9 @@ class HostEnvPool:
         self._await_ready(w)
 
     def _envs(self, w: int) -> str:
-        return ", ".join(f"{lo}-{hi - 1}" for lo, hi in self.slices[w])
+        """Worker ``w``'s envs by global index."""
+        f = self.first_env
+        return ", ".join(f"{f + lo}-{f + hi - 1}" for lo, hi in self.slices[w])
 
     # ------------------------------------------------------------------ steps
     def group(self, g: int) -> slice:

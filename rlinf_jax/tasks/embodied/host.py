@@ -55,7 +55,7 @@ from rlinf_jax.rollout import Transition, env_keys, step_keys
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import (
     Placement, batch_divisor, batch_sharding, component_mesh, fetch, from_process_rows, process_rows, put, replicate,
-    replicated,
+    replicated, rows_by_process,
 )
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
@@ -199,8 +199,13 @@ class HostPPO(HostPools, Trainer):
         self.policy, self.graphdef, self._init_params = setup.policy, setup.graphdef, setup.params
         self.warm_start_metrics = setup.warm_start_metrics
         e = cfg.env
-        check_batch(cfg, setup, mesh)
+        # Both batches live on the rollout's mesh; the update splits the env batch only.
         check_batch(cfg, setup, self.rollout_mesh)
+        if self.env.num_envs % batch_divisor(mesh):
+            raise BadInput(
+                f"env.num_envs={self.env.num_envs} is not divisible by the {batch_divisor(mesh)} devices of the "
+                "actor's mesh; use a multiple or place the actor on fewer devices"
+            )
         env_hosts = {d.process_index for d in component_mesh(placement, "env", devices).devices.flat}
         rollout_hosts = {d.process_index for d in self.rollout_mesh.devices.flat}
         if env_hosts != rollout_hosts:
@@ -214,12 +219,15 @@ class HostPPO(HostPools, Trainer):
         self.rows = process_rows(self.rollout_mesh, B)
         self.eval_rows = process_rows(self.rollout_mesh, self.eval_env.num_envs)
         self.local_envs = local = self.rows[1] - self.rows[0]
-        where = f" of this process's {local}" if local != B else ""
-        if local and (local % self.num_micro or e.num_workers > local // self.num_micro):
-            raise BadInput(
-                f"env.num_envs={B}{where} must split into flow.num_micro_batches={self.num_micro} micro-batches "
-                f"of at least env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
-            )
+        # Checked for every process's share, so that every process refuses alike.
+        shares = [hi - lo for lo, hi in rows_by_process(self.rollout_mesh, B).values()] if is_multiprocess() else [B]
+        for n in shares:
+            if n % self.num_micro or e.num_workers > n // self.num_micro:
+                where = f"a process's {n} envs (of env.num_envs={B})" if n != B else f"env.num_envs={B}"
+                raise BadInput(
+                    f"{where} must split into flow.num_micro_batches={self.num_micro} micro-batches of at least "
+                    f"env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
+                )
         self.micro = local // self.num_micro
         self.substeps = e.action_repeat
         self.T = cfg.algorithm.rollout_length
@@ -324,13 +332,17 @@ class HostPPO(HostPools, Trainer):
         """``tree`` (replicated on the actor's mesh, or host data) as this process's copy on
         its rollout device; None on a process without one. Every process calls it: moving
         between meshes may cross hosts."""
-        if self.moves:
-            tree = put(tree, replicated(self.rollout_mesh))
+        # Free when already laid out so; it also pins the copy `_local` reads to a whole one.
+        tree = put(tree, replicated(self.rollout_mesh))
         return _local(tree) if self._rollout_here else None
 
     def _to_actor(self, tree, batch_dim: int):
         """Every process's rows (host arrays, the rollout's cut) as one batch on the actor's mesh."""
+        if not is_multiprocess():  # straight onto the actor's devices
+            return jax.device_put(tree, batch_sharding(self.mesh, batch_dim))
         tree = from_process_rows(tree, self.rollout_mesh, self.env.num_envs, batch_dim)
+        # Across hosts a move goes through every host (`put`): the cost of a rollout placed
+        # on other hosts than the update.
         return put(tree, batch_sharding(self.mesh, batch_dim)) if self.moves else tree
 
     def _split_key(self, key):
