@@ -216,12 +216,12 @@ class HostPPO(HostPools, Trainer):
             )
         self.num_micro = cfg.flow.num_micro_batches
         B = self.env.num_envs
-        self.rows = process_rows(self.rollout_mesh, B)
+        # Every process's rows, so that every process refuses alike.
+        by_process = rows_by_process(self.rollout_mesh, B)
+        self.rows = by_process.get(jax.process_index(), (0, 0))
         self.eval_rows = process_rows(self.rollout_mesh, self.eval_env.num_envs)
         self.local_envs = local = self.rows[1] - self.rows[0]
-        # Checked for every process's share, so that every process refuses alike.
-        shares = [hi - lo for lo, hi in rows_by_process(self.rollout_mesh, B).values()] if is_multiprocess() else [B]
-        for n in shares:
+        for n in (hi - lo for lo, hi in by_process.values()):
             if n % self.num_micro or e.num_workers > n // self.num_micro:
                 where = f"a process's {n} envs (of env.num_envs={B})" if n != B else f"env.num_envs={B}"
                 raise BadInput(
@@ -355,13 +355,9 @@ class HostPPO(HostPools, Trainer):
     @functools.cached_property
     def _policy_outputs(self):
         """Shapes and dtypes of the policy's ``(action, stored action, log-prob[, value])``."""
-        ts = self._abstract_state
+        ts = jax.eval_shape(self.fresh_state)
         i32 = jax.ShapeDtypeStruct((), jnp.int32)
         return jax.eval_shape(self._infer, ts.params, ts.obs_stats, self._obs_struct(1), ts.key, i32, i32)
-
-    @functools.cached_property
-    def _abstract_state(self):
-        return jax.eval_shape(self.fresh_state)
 
     def compile(self, s: HostState, eval_key) -> None:
         ts = s.learner
