@@ -45,7 +45,11 @@ def _parse_args(argv):
     lm.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     # Intermixed: `PATH --seed 3 key=value` as well as `PATH key=value --seed 3`.
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.checkpoint is not None and args.path is not None and "=" in args.path:
+        # `--checkpoint RUN key=value`: the first override lands in the optional path.
+        args.overrides, args.path = [args.path, *args.overrides], None
+    return args
 
 
 def main(argv=None) -> int:

@@ -82,3 +82,12 @@ def test_evaluate_bad_path_is_one_error_line(tmp_path, capsys):
     assert evaluate_main([str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "nothing" in err
+
+
+def test_evaluate_takes_overrides_after_a_checkpoint():
+    from rlinf_jax.evaluate import _parse_args
+
+    args = _parse_args(["--checkpoint", "run", "data.eval_size=3", "--seed", "2", "rollout.eval_batch_size=8"])
+    assert args.path is None and args.overrides == ["data.eval_size=3", "rollout.eval_batch_size=8"]
+    args = _parse_args(["runs/ppo", "env.num_eval_envs=8"])
+    assert args.path == "runs/ppo" and args.overrides == ["env.num_eval_envs=8"]

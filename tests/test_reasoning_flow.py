@@ -178,3 +178,7 @@ def test_evaluate_cli_pass_at_k(tmp_path, warm, capsys):
     assert greedy["temperature"] == 0.0 and greedy["samples_per_problem"] == 1
     assert evaluate(["--checkpoint", str(warm), "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # Overrides after --checkpoint reach the run's config: its held-out split, resized.
+    assert evaluate(["--checkpoint", str(warm), "data.eval_size=3", "--no-progress"]) == 0
+    held = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert held["data"] == "heldout" and held["problems"] == 3
