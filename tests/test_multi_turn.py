@@ -107,7 +107,13 @@ def _reference(model, prompts, envs, rows, limits, stop_seq, eos):
 
 
 @pytest.mark.slow
-def test_kv_reuse_equals_re_prefilling_the_whole_conversation():
+def test_kv_reuse_equals_re_prefilling_the_whole_conversation(monkeypatch):
+    from rlinf_jax.rollout import multi_turn
+
+    # The cache starts with the first turn's columns and grows turn by turn.
+    grown = []
+    grow = multi_turn._grow
+    monkeypatch.setattr(multi_turn, "_grow", lambda c, m, *, length: grown.append(length) or grow(c, m, length=length))
     model = _model()
     sampler = Sampler(model, pad_id=TOK.pad_id)
     limits = TurnLimits(max_turns=4, max_turn_tokens=12, max_observation_tokens=9, max_episode_tokens=60)
@@ -126,7 +132,9 @@ def test_kv_reuse_equals_re_prefilling_the_whole_conversation():
 
     rollout = MultiTurnRollout(sampler, TOK, limits, stop_string=stop)
     envs = make_envs()
+    grown.clear()
     ep = rollout.run(envs, rows, jax.random.key(0), temperature=0.0)
+    assert grown == sorted(set(grown)) and grown[-1] == rollout.columns(32)  # [96, 128, 144] here
     ref = _reference(model, prompts, make_envs(), rows, limits, rollout.stop_seq.tolist(), TOK.eos_id)
     assert any(len(t) < limits.max_turn_tokens for turns, _, _ in ref for t in turns[:-1]), "no turn ended on the stop string"
     assert len(set(ep.num_turns.tolist())) > 1, "every episode had the same number of turns"

@@ -216,6 +216,15 @@ def _turn(
 
 
 
+@functools.partial(jax.jit, static_argnames=("length",))
+def _grow(cache, key_mask, *, length):
+    """The cache and its key mask with empty (invalid) columns appended up to ``length``."""
+    extra = length - key_mask.shape[1]
+    pad = functools.partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, extra), (0, 0)))
+    keys, values = tuple(map(pad, cache.keys)), tuple(map(pad, cache.values))
+    return type(cache)(keys, values), jnp.pad(key_mask, ((0, 0), (0, extra)))
+
+
 _turn_uniforms = jax.jit(_uniforms, static_argnames=("steps",))
 
 
@@ -268,9 +277,16 @@ class MultiTurnRollout:
         top_p = np.float32(top_p)
         graphdef, params = sampler.graphdef, sampler.params
 
+        def span(t: int) -> int:
+            # Columns in use up to the end of turn t's observation. The cache grows turn by
+            # turn rather than starting at S: every decode step reads all of its columns,
+            # and on a CPU that read is most of a small model's step (benchmarks/README.md,
+            # multiturn_rollout).
+            return min(S, bucket_length(P + (t + 1) * (N + O), sampler.min_bucket))
+
         state = [_Row() for _ in range(B)]
         dtype = jax.tree.leaves(params)[0].dtype
-        cache, key_mask = _empty(graphdef, params, batch=B, length=S, dtype=dtype)
+        cache, key_mask = _empty(graphdef, params, batch=B, length=span(0), dtype=dtype)
         ids, mask = _left_pad(prompt_ids, P, self.pad_id)
         logits, cache, key_mask = _extend(graphdef, params, cache, key_mask, ids, mask, np.int32(0))
         members = np.arange(B)  # full-batch row of each row of the working batch
@@ -292,6 +308,8 @@ class MultiTurnRollout:
                 [min(lim.max_turn_tokens, lim.max_episode_tokens - state[b].used) for b in members], np.int32
             )
             col = P + t * (N + O)
+            if key_mask.shape[1] < span(t):
+                cache, key_mask = _grow(cache, key_mask, length=span(t))
             uniforms = _turn_uniforms(jax.random.fold_in(key, t), jnp.asarray(sample_ids[members], jnp.uint32), steps=N)
             tokens, logps, lengths, cache, key_mask = _turn(
                 graphdef, params, cache, key_mask, logits, np.int32(col), live, limits, uniforms, temp, top_p,
