@@ -15,6 +15,12 @@ import signal
 import sys
 import time
 
+# A user's shell starts a command with SIGINT at its default, which Python turns into
+# KeyboardInterrupt. A child of a process that ignores SIGINT inherits the ignore (and
+# Python then leaves it ignored): give it the user's disposition.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 fault = os.environ.get("RLINF_TEST_FAULT", "")
 if fault:
     import orbax.checkpoint as ocp
