@@ -308,8 +308,9 @@ class MultiTurnRollout:
                 [min(lim.max_turn_tokens, lim.max_episode_tokens - state[b].used) for b in members], np.int32
             )
             col = P + t * (N + O)
-            if key_mask.shape[1] < span(t):
-                cache, key_mask = _grow(cache, key_mask, length=span(t))
+            need = span(t)
+            if key_mask.shape[1] < need:
+                cache, key_mask = _grow(cache, key_mask, length=need)
             uniforms = _turn_uniforms(jax.random.fold_in(key, t), jnp.asarray(sample_ids[members], jnp.uint32), steps=N)
             tokens, logps, lengths, cache, key_mask = _turn(
                 graphdef, params, cache, key_mask, logits, np.int32(col), live, limits, uniforms, temp, top_p,
