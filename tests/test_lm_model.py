@@ -83,7 +83,8 @@ def test_cached_prefill_and_decode_equal_full_forward(tied):
     got = np.concatenate(got, axis=1)
     valid = np.asarray(mask)
     np.testing.assert_allclose(got[valid], full[valid], atol=2e-5)
-    assert cache.keys[0].shape == (B, 2, S, 12)
+    assert cache.keys[0].shape == (B, 2, 12, S)
+    assert cache.values[0].shape == (B, 2, S, 12)
     # A prefill that reads only its last column fills the same cache.
     last, short = model.hidden_states(ids[:, :P_len], mask, cache=model.init_cache(B, S), cache_index=0,
                                       output_cols=(P_len - 1, 1))

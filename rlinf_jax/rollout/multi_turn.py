@@ -220,9 +220,7 @@ def _turn(
 def _grow(cache, key_mask, *, length):
     """The cache and its key mask with empty (invalid) columns appended up to ``length``."""
     extra = length - key_mask.shape[1]
-    pad = functools.partial(jnp.pad, pad_width=((0, 0), (0, 0), (0, extra), (0, 0)))
-    keys, values = tuple(map(pad, cache.keys)), tuple(map(pad, cache.values))
-    return type(cache)(keys, values), jnp.pad(key_mask, ((0, 0), (0, extra)))
+    return cache.extend(extra), jnp.pad(key_mask, ((0, 0), (0, extra)))
 
 
 _turn_uniforms = jax.jit(_uniforms, static_argnames=("steps",))

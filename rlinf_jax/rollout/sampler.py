@@ -1,7 +1,6 @@
 """Batched LM sampling on a static KV cache: one jitted prefill, one jitted decode loop.
 
-- The cache is ``[B, kv_heads, S, head_dim]`` per layer with ``S = prompt bucket + generation
-  bucket``. Prefill writes the prompt into it; the decode loop is a ``lax.while_loop`` that
+- The cache (`KVCache`) has ``S = prompt bucket + generation bucket`` slots per row. Prefill writes the prompt into it; the decode loop is a ``lax.while_loop`` that
   writes one token per step in place (the cache is donated to the decode call) and stops
   early once every row has emitted a stop token.
 - Shapes are bucketed (``bucket_length``): prompts are left-padded to their bucket, the
@@ -111,7 +110,7 @@ class Layout(NamedTuple):
     """Where the sampler's arrays live on a mesh (hashable: a static argument of the jits).
 
     ``rows`` splits the leading (batch) axis of every per-row array; ``cache`` is for the
-    ``[B, kv_heads, S, head_dim]`` KV arrays; ``replicated`` for scalars and the key.
+    KV arrays (``[B, kv_heads, ...]``); ``replicated`` for scalars and the key.
     """
 
     rows: jax.sharding.NamedSharding
@@ -127,7 +126,7 @@ class Layout(NamedTuple):
     def pin_cache(self, cache):
         """``cache`` (a `KVCache`) constrained to this layout (inside a jit)."""
         pin = functools.partial(jax.lax.with_sharding_constraint, shardings=self.cache)
-        return type(cache)(tuple(map(pin, cache.keys)), tuple(map(pin, cache.values)))
+        return cache.map_rows(pin)
 
     def pin_state(self, state: DecodeState) -> DecodeState:
         """``state`` constrained to this layout (inside a jit)."""
@@ -253,7 +252,7 @@ def _prefill(
     logits = model.logits(hidden[:, 0])
     if group > 1:
         rows = functools.partial(jnp.repeat, repeats=group, axis=0)
-        cache = type(cache)(tuple(map(rows, cache.keys)), tuple(map(rows, cache.values)))
+        cache = cache.map_rows(rows)
         logits, key_mask, prompt_mask = rows(logits), rows(key_mask), rows(prompt_mask)
     B = U * group
     uniforms = _uniforms(key, sample_ids, gen_len)

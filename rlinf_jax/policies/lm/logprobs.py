@@ -60,7 +60,7 @@ def _shared_prompt_hidden(model: CausalLM, prompt_ids, mask, tokens, group: int)
         prompt_ids[::group], mask[::group], cache=cache, cache_index=0, output_cols=(P - 1, 1)
     )
     shared = lambda x: jnp.repeat(x, group, axis=0)  # noqa: E731
-    cache = type(cache)(tuple(map(shared, cache.keys)), tuple(map(shared, cache.values)))
+    cache = cache.map_rows(shared)
     response_h, _ = model.hidden_states(tokens[:, :-1], mask, cache=cache, cache_index=P)
     return jnp.concatenate([shared(prompt_h), response_h], axis=1)
 

@@ -106,7 +106,7 @@ class Pi0Config:
 class Prefix(NamedTuple):
     """The prefix, encoded once per observation."""
 
-    cache: KVCache  # per layer [B, kv_heads, P + 1 + H, head_dim]; slots 0..P-1 filled
+    cache: KVCache  # P + 1 + H slots per row; slots 0..P-1 filled
     mask: jax.Array  # [B, P] bool: real prefix tokens
 
 
