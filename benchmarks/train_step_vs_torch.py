@@ -89,6 +89,7 @@ import torch
 from flax import nnx
 
 from rlinf_jax.policies.lm import from_pretrained
+from rlinf_jax.policies.lm.logprobs import token_logprobs
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 
 ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
@@ -124,10 +125,11 @@ def torch_trainer(hf, ids: np.ndarray, precision: str = "float32"):
 
 def causal_lm_loss(model, ids):
     """Mean cross-entropy of tokens 1..T-1 given their prefixes (all T tokens go through the
-    model, as on the torch side)."""
-    logits = model(ids)[:, :-1].astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+    model, as on the torch side), the way the library's SFT scores tokens: the output head
+    runs on the T-1 positions that predict a token, and `token_logprobs` scores them."""
+    hidden = model.hidden_states(ids)[:, :-1]
+    logp, _ = token_logprobs(model.logits(hidden), ids[:, 1:])
+    return -jnp.mean(logp)
 
 
 def jax_trainer(model, ids: np.ndarray):

@@ -83,8 +83,37 @@ class Embed(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Tied output logits ``x @ embedding.T`` in float32, ``x`` as ``[tokens, embed]``."""
-        table = self.embedding[...].astype(self.dtype)
-        return jnp.dot(x.astype(self.dtype), table.T, preferred_element_type=jnp.float32)
+        return tied_logits(x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+
+
+@jax.custom_vjp
+def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
+    """``x [N, E] @ table [V, E].T`` accumulated in float32: the output head of a model whose
+    embedding table is tied to it.
+
+    Its own backward pass only to choose the form of the table's gradient. Autodiff asks for
+    ``g.T @ x`` (``[V, E]``, the ``[N, V]`` logit gradient read transposed), and XLA CPU ran
+    that product at half the speed of ``x.T @ g`` (``[E, V]``, the small ``[N, E]`` operand read
+    transposed): 48 ms against 23 ms for 4096 tokens x 2048 words x 256 features, the largest
+    single product of a training step. The barrier keeps XLA from folding the final
+    transpose back into the product.
+    """
+    return jnp.dot(x, table.T, preferred_element_type=jnp.float32)
+
+
+def _tied_logits_fwd(x, table):
+    return tied_logits(x, table), (x, table)
+
+
+def _tied_logits_bwd(residuals, g):
+    x, table = residuals
+    g = g.astype(x.dtype)
+    dx = jnp.dot(g, table, preferred_element_type=jnp.float32).astype(x.dtype)
+    dtable_t = jax.lax.optimization_barrier(jnp.dot(x.T, g, preferred_element_type=jnp.float32))
+    return dx, dtable_t.T.astype(table.dtype)
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 def rope_tables(

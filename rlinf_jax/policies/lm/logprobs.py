@@ -71,10 +71,17 @@ def token_logprobs(logits, tokens, temperature: float = 1.0):
     The temperature is the sampler's: its log-probs are those of the scaled distribution.
     """
     scaled = logits / temperature if temperature not in (0.0, 1.0) else logits
-    logp_all = jax.nn.log_softmax(scaled, axis=-1)
-    logp = jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
-    p = jnp.exp(logp_all)
-    entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), axis=-1)
+    # Written so that every pass over the [B, N, vocab] logits, forward and backward, is an
+    # elementwise map or a reduction that XLA fuses: the chosen logit is picked with a
+    # comparison against the vocabulary index rather than a gather, whose gradient would be
+    # a scatter into a zeroed [B, N, vocab] array, and the log-softmax is never written out.
+    shifted = scaled - jax.lax.stop_gradient(jnp.max(scaled, axis=-1, keepdims=True))
+    log_z = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    chosen = jnp.arange(scaled.shape[-1]) == tokens[..., None]
+    logp = jnp.sum(jnp.where(chosen, shifted, 0.0), axis=-1) - log_z
+    # H = log Z - E_p[shifted]; p is exact where it underflows to 0 (p * shifted is then 0).
+    p = jnp.exp(shifted - log_z[..., None])
+    entropy = log_z - jnp.sum(p * shifted, axis=-1)
     return logp, entropy
 
 
