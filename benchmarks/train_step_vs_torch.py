@@ -55,20 +55,8 @@ import tempfile
 import time
 
 
-def pin_to_one_cpu(argv) -> int:
-    """Restricts this process, and every thread it starts later, to one CPU core: ``--cpu N``
-    from ``argv``, by default the lowest-numbered core it may run on. Returns the core."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--cpu", type=int)
-    allowed = sorted(os.sched_getaffinity(0))
-    cpu = parser.parse_known_args(argv)[0].cpu
-    cpu = allowed[0] if cpu is None else cpu
-    if cpu not in allowed:
-        print(f"error: --cpu {cpu} is not a core this process may use; pick one of {allowed}", file=sys.stderr)
-        raise SystemExit(2)
-    os.sched_setaffinity(0, {cpu})
-    return cpu
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pinning import pin_to_one_cpu  # noqa: E402  (no heavy imports: safe before the pinning)
 
 if __name__ == "__main__":
     # Before torch and JAX start their thread pools: threads inherit the affinity.
@@ -76,7 +64,6 @@ if __name__ == "__main__":
 
 # sampler_vs_hf sets XLA_FLAGS on import, so it must come before the first `import jax`;
 # it also sets torch to one thread. Its MODEL is the model we train.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler_vs_hf import MODEL  # isort: skip
 from recorded import warn_regressions  # isort: skip
 import roofline  # isort: skip

@@ -67,6 +67,12 @@ def attention_mask_3d(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array
     return key_valid.astype(bool)[:, None, :] & causal[None]
 
 
+def products(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` for each (batch, KV head) pair, ``[B, K, M, N]``, accumulated in float32: the
+    attention's two matrix products, in one place for a kernel to be swapped in."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Softmax attention of grouped queries.
 
@@ -84,7 +90,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     B, T, K, G, D = q.shape
     S = k.shape[3]
     queries = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
-    scores = jnp.einsum("bkqd,bkds->bkqs", queries, k, preferred_element_type=jnp.float32) * D**-0.5
+    scores = products(queries, k) * D**-0.5
     visible = jnp.broadcast_to(mask[:, None, None], (B, 1, G, T, S)).reshape(B, 1, G * T, S)
     scores = jnp.where(visible, scores, _MASKED)
     # Softmax normalised after the product with the values: the division then runs over
@@ -93,7 +99,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     # does not depend on, so no gradient goes through it.
     shift = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     weights = jnp.exp(scores - shift)
-    out = jnp.einsum("bkqs,bksd->bkqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    out = products(weights.astype(v.dtype), v)
     out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
     return out.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)
 
