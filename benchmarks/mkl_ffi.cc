@@ -1,9 +1,10 @@
 // Matrix products through Intel MKL, as XLA CPU custom calls (jax.ffi).
 //
-// Built by benchmarks/mkl_step.py to measure what routing the language model's products
-// through MKL would buy before the library carries such a kernel. Row-major, float32 out:
-//   mkl_gemm_{f32,bf16}:     y[M, N]     = op(a) @ op(b)         (2-D operands)
-//   mkl_bgemm_{f32,bf16}:    y[L, M, N]  = op(a[l]) @ op(b[l])   (one product per leading index)
+// Built by benchmarks/mkl_kernels.py, to measure what routing our products through MKL
+// would buy before the library carries such a kernel. Row-major, float32 out; the handlers
+// MklGemmF32 / MklGemmBf16 take
+//   2-D operands:  y[M, N]    = op(a) @ op(b)
+//   3-D operands:  y[L, M, N] = op(a[l]) @ op(b[l])   (one product per leading index)
 // op() transposes when the attribute trans_a / trans_b is set. MKL reads a transposed
 // operand in place, which is why the backward products need no copies here. The bfloat16
 // variants call cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them.

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
         if args.products == "mkl":
             build_and_register(build_dir)
             nnx.Linear.__call__ = _linear
-        print(f"products: {args.products}, precision: {args.precision}, MKL_NUM_THREADS={os.environ['MKL_NUM_THREADS']}",
-              file=sys.stderr)
+        threads = os.environ["MKL_NUM_THREADS"]
+        print(f"products: {args.products}, precision: {args.precision}, MKL_NUM_THREADS={threads}", file=sys.stderr)
         return ppo_vs_brax.main(["--only", "ours", *argv[split + 1 :]])
 
 

@@ -103,7 +103,8 @@ def main(argv=None) -> None:
         losses = {"ours_mkl": [float(sides["ours_mkl"]()) for _ in range(3)]}  # traced here
     losses.update({name: [float(step()) for _ in range(3)] for name, step in sides.items() if name != "ours_mkl"})
     tolerance = 1e-4 if args.precision == "float32" else 0.05
-    print(f"{args.precision}, batch {args.batch} x {args.seq}, one core, MKL_NUM_THREADS={os.environ['MKL_NUM_THREADS']}")
+    threads = os.environ["MKL_NUM_THREADS"]
+    print(f"{args.precision}, batch {args.batch} x {args.seq}, one core, MKL_NUM_THREADS={threads}")
     for name, values in losses.items():
         print(f"losses {name:8s} " + " ".join(f"{v:.7f}" for v in values))
     worst = max(abs(a - b) for name in ("ours_xla", "ours_mkl") for a, b in zip(losses[name], losses["torch"]))

@@ -214,8 +214,6 @@ def _turn(
     return state.tokens, state.logprobs, state.lengths, cache, key_mask
 
 
-
-
 @functools.partial(jax.jit, static_argnames=("length",))
 def _grow(cache, key_mask, *, length):
     """The cache and its key mask with empty (invalid) columns appended up to ``length``."""
@@ -277,9 +275,8 @@ class MultiTurnRollout:
 
         def span(t: int) -> int:
             # Columns in use up to the end of turn t's observation. The cache grows turn by
-            # turn rather than starting at S: every decode step reads all of its columns,
-            # and on a CPU that read is most of a small model's step (benchmarks/README.md,
-            # multiturn_rollout).
+            # turn rather than starting at S: every decode step's attention runs over all of
+            # its columns (benchmarks/README.md, multiturn_rollout).
             return min(S, bucket_length(P + (t + 1) * (N + O), sampler.min_bucket))
 
         state = [_Row() for _ in range(B)]

@@ -1,7 +1,8 @@
 """Batched LM sampling on a static KV cache: one jitted prefill, one jitted decode loop.
 
-- The cache (`KVCache`) has ``S = prompt bucket + generation bucket`` slots per row. Prefill writes the prompt into it; the decode loop is a ``lax.while_loop`` that
-  writes one token per step in place (the cache is donated to the decode call) and stops
+- The cache (`KVCache`) has ``S = prompt bucket + generation bucket`` slots per row.
+  Prefill writes the prompt into it; the decode loop is a ``lax.while_loop`` that writes
+  one token per step in place (the cache is donated to the decode call) and stops
   early once every row has emitted a stop token.
 - Shapes are bucketed (``bucket_length``): prompts are left-padded to their bucket, the
   generation length is rounded up, and ``max_new_tokens``, temperature and top-p are traced

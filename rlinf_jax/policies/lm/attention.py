@@ -78,8 +78,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
 
     q ``[B, T, K, G, D]`` (query head ``h = k * G + g``, Hugging Face's ``repeat_kv`` order),
     k ``[B, K, D, S]``, v ``[B, K, S, D]`` (the cache's layout), mask ``[B, T, S]``; returns
-    ``[B, T, K, G, D]``. Scores and the
-    softmax run in float32 whatever the compute dtype.
+    ``[B, T, K, G, D]``. Scores and the softmax run in float32 whatever the compute dtype.
 
     The G query heads sharing a KV head and the T query positions are folded into one row
     axis, so each (batch, KV head) pair is a single ``[G*T, D] x [D, S]`` matmul and the
