@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Our PPO on Brax with the actor-critic's dense layers routed through MKL (a ``jax.ffi``
-custom call, ``mkl_kernels.py``), to measure whether a faster matrix-product kernel would
+custom call, `rlinf_jax.kernels.mkl`), to measure whether a faster matrix-product kernel would
 move the PPO-vs-Brax ratio.
 
 Runs ``ppo_vs_brax.py --only ours`` with ``actor.model.compute_dtype`` set by
@@ -8,7 +8,7 @@ Runs ``ppo_vs_brax.py --only ours`` with ``actor.model.compute_dtype`` set by
 networks computing its product through MKL (bfloat16 on the CPU's AMX tiles, float32
 through ``cblas_sgemm``), forward and backward. Everything else is unchanged. Arguments
 after ``--`` go to ``ppo_vs_brax.py``; its last line (JSON) is this script's last line.
-MKL threads: ``MKL_NUM_THREADS`` (default 1). Needs ``pip install mkl mkl-include`` and a
+MKL threads: ``MKL_NUM_THREADS`` (default 1). Needs ``pip install -e ".[mkl]"`` and a
 C++ compiler.
 
     python benchmarks/mkl_ppo.py --products mkl --precision bfloat16 [-- --env inverted_pendulum]
@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 os.environ.setdefault("MKL_NUM_THREADS", "1")  # read when MKL loads
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ppo_vs_brax  # noqa: E402
 from flax import nnx  # noqa: E402
-from mkl_kernels import build_and_register, mkl_matmul  # noqa: E402
+from rlinf_jax.errors import BadInput  # noqa: E402
+from rlinf_jax.kernels.mkl import mkl_matmul, register  # noqa: E402
 
 
 def _linear(self, x):
@@ -53,13 +53,16 @@ def main(argv=None) -> int:
         return cfg
 
     ppo_vs_brax.make_config = with_precision
-    with tempfile.TemporaryDirectory() as build_dir:
-        if args.products == "mkl":
-            build_and_register(build_dir)
-            nnx.Linear.__call__ = _linear
-        threads = os.environ["MKL_NUM_THREADS"]
-        print(f"products: {args.products}, precision: {args.precision}, MKL_NUM_THREADS={threads}", file=sys.stderr)
-        return ppo_vs_brax.main(["--only", "ours", *argv[split + 1 :]])
+    if args.products == "mkl":
+        try:
+            register()
+        except BadInput as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        nnx.Linear.__call__ = _linear
+    threads = os.environ["MKL_NUM_THREADS"]
+    print(f"products: {args.products}, precision: {args.precision}, MKL_NUM_THREADS={threads}", file=sys.stderr)
+    return ppo_vs_brax.main(["--only", "ours", *argv[split + 1 :]])
 
 
 if __name__ == "__main__":

@@ -35,18 +35,21 @@ through oneDNN, on the CPU's AMX tiles where it has them), ours with bfloat16 co
 optimizer state stay float32 on both sides. The two round differently (autocast keeps
 some ops in float32), so the parity check allows 0.05 on the loss (about 0.7% of it).
 
+``--matmul mkl`` routes every matrix product of our step (dense layers, tied head,
+attention; forward and backward) through Intel MKL (``actor.model.matmul=mkl``, the ``mkl``
+extra): bfloat16 products then run on the AMX tiles, as torch's do through oneDNN.
+
 The last line of stdout is one JSON object: the settings, both first-step losses, each
 side's seconds per step, ``ratio`` = torch seconds / ours (wall clock; higher is better for
 us) and ``cpu_ratio``, the same from CPU time.
 
     python benchmarks/train_step_vs_torch.py [--batch 32] [--seq 128] [--steps 3] [--repeats 7] [--cpu N]
-    python benchmarks/train_step_vs_torch.py --precision bfloat16
+    python benchmarks/train_step_vs_torch.py --precision bfloat16 [--matmul mkl]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -61,6 +64,7 @@ from pinning import pin_to_one_cpu  # noqa: E402  (no heavy imports: safe before
 if __name__ == "__main__":
     # Before torch and JAX start their thread pools: threads inherit the affinity.
     CPU = pin_to_one_cpu(sys.argv[1:])
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # --matmul mkl: one thread, as the other sides (read when MKL loads)
 
 # sampler_vs_hf sets XLA_FLAGS on import, so it must come before the first `import jax`;
 # it also sets torch to one thread. Its MODEL is the model we train.
@@ -75,9 +79,11 @@ import optax
 import torch
 from flax import nnx
 
-from rlinf_jax.policies.lm import from_pretrained
+from rlinf_jax import kernels
+from rlinf_jax.policies.lm import from_pretrained, set_matmul
 from rlinf_jax.policies.lm.logprobs import token_logprobs
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
+from rlinf_jax.errors import BadInput
 
 ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 
@@ -119,31 +125,35 @@ def causal_lm_loss(model, ids):
     return -jnp.mean(logp)
 
 
-def jax_trainer(model, ids: np.ndarray):
-    """A closure running one jitted training step; returns the step's loss (a jax scalar)."""
-    graphdef, params = nnx.split(model)
+def jax_trainer(model, ids: np.ndarray, matmul: str = "xla"):
+    """A closure running one jitted training step, its products through ``matmul``
+    (`rlinf_jax.kernels`); returns the step's loss (a jax scalar)."""
     tx = optax.adamw(
         ADAMW["lr"], b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"]
     )
 
-    @jax.jit
-    def init(params):
-        return tx.init(params)
+    def step_of(graphdef):
+        def train_step(params, opt_state, ids):
+            loss, grads = jax.value_and_grad(lambda p: causal_lm_loss(nnx.merge(graphdef, p), ids))(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def train_step(params, opt_state, ids):
-        loss, grads = jax.value_and_grad(lambda p: causal_lm_loss(nnx.merge(graphdef, p), ids))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return jax.jit(train_step, donate_argnums=(0, 1))
 
-    state = {"params": params, "opt": init(params)}
+    graphdef, params = nnx.split(model)
+    state = {"params": params, "opt": jax.jit(tx.init)(params)}
     batch = jnp.asarray(ids, jnp.int32)
+    # FLOPs are counted on the jaxpr's dots, which a custom call hides: count them on the
+    # same step with XLA's products (the arithmetic is the same).
+    flops = roofline.program_flops(step_of(graphdef), state["params"], state["opt"], batch)
+    set_matmul(model, matmul)
+    train_step = step_of(nnx.split(model)[0])
 
     def step():
         state["params"], state["opt"], loss = train_step(state["params"], state["opt"], batch)
         return loss
 
-    step.flops = roofline.program_flops(train_step, state["params"], state["opt"], batch)
+    step.flops = flops
     return step
 
 
@@ -182,9 +192,16 @@ def main(argv=None) -> None:
     parser.add_argument("--cpu", type=int, help="the one CPU core to run on (default: the first this process may use)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="bfloat16: torch autocast against our bfloat16 compute, float32 parameters on both")
+    parser.add_argument("--matmul", choices=kernels.BACKENDS, default="xla",
+                        help="our products' backend (actor.model.matmul); mkl needs pip install -e '.[mkl]'")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
+    try:
+        kernels.check_backend(args.matmul, args.precision)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
     with tempfile.TemporaryDirectory() as d:
@@ -192,10 +209,10 @@ def main(argv=None) -> None:
         model = from_pretrained(d, dtype=args.precision, param_dtype="float32")
     n_params = sum(p.numel() for p in hf.parameters())
     ids = token_batch(args.batch, args.seq)
-    torch_step, jax_step = torch_trainer(hf, ids, args.precision), jax_trainer(model, ids)
+    torch_step, jax_step = torch_trainer(hf, ids, args.precision), jax_trainer(model, ids, args.matmul)
 
     print(f"model: qwen2, {n_params / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; {args.precision}; "
-          f"AdamW {ADAMW}")
+          f"our products: {args.matmul}; AdamW {ADAMW}")
     print(
         f"jax {jax.__version__} devices {jax.devices()}; torch {torch.__version__} threads {torch.get_num_threads()}; "
         f"CPU cores in use: {cores}"
@@ -226,6 +243,7 @@ def main(argv=None) -> None:
         "batch": args.batch,
         "seq": args.seq,
         "precision": args.precision,
+        "matmul": args.matmul,
         "threads": 1,
         "cpu_cores": cores,
         "first_step_loss_torch": round(torch_losses[0], 7),

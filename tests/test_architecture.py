@@ -5,7 +5,8 @@ an import cycle, and imports sit at the top of their module.
 The floors, top to bottom (docs/architecture.md):
 
     launch -> train / evaluate / convert / collect / profile -> api -> tasks -> flow -> rollout
-      -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay -> errors
+      -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay, kernels
+      -> errors
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ FLOORS = {
     "errors": 0,
     "algos": 1,
     "replay": 1,
+    "kernels": 1,
     "data": 1,
     "rewards": 1,
     "sharding": 1,

@@ -129,6 +129,15 @@ class PolicyConfig:
     # Language models: compute and storage dtype (float32 | bfloat16 | float16); a VLA:
     # the backbone's compute dtype (float32 | bfloat16), its parameters stay float32.
     dtype: str = "float32"
+    # Language models: the dtype parameters and optimiser state are stored in, when it differs
+    # from dtype; "" = dtype. Mixed precision is dtype=bfloat16 param_dtype=float32 (torch's
+    # autocast): products in bfloat16, updates accumulated in float32.
+    param_dtype: str = ""
+    # Language models: the backend of every matrix product. "xla" (XLA's own, any platform)
+    # or "mkl": Intel MKL through a CPU custom call (pip install -e ".[mkl]" and a C++
+    # compiler; one device; dtype float32 or bfloat16). On CPUs with AMX tiles MKL's bfloat16
+    # products run several times faster than XLA's, which run slower than its float32 ones.
+    matmul: str = "xla"
     lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3 | gemma
     lm_vocab_size: int = 100  # the character tokenizer's 100 ids
     lm_hidden_size: int = 256

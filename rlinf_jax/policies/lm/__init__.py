@@ -5,7 +5,7 @@ from rlinf_jax.policies.lm.attention import KVCache
 from rlinf_jax.policies.lm.config import SUPPORTED_MODEL_TYPES, LMConfig, RopeConfig
 from rlinf_jax.policies.lm.converted import convert, load_converted
 from rlinf_jax.policies.lm.hf_checkpoint import from_pretrained, save_pretrained
-from rlinf_jax.policies.lm.model import CausalLM
+from rlinf_jax.policies.lm.model import CausalLM, set_matmul
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -17,4 +17,5 @@ __all__ = [
     "from_pretrained",
     "load_converted",
     "save_pretrained",
+    "set_matmul",
 ]

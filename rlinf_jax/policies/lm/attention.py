@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlinf_jax import kernels
+
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, RMSNorm, apply_rope
 
@@ -67,13 +69,13 @@ def attention_mask_3d(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array
     return key_valid.astype(bool)[:, None, :] & causal[None]
 
 
-def products(a: jax.Array, b: jax.Array) -> jax.Array:
+def products(a: jax.Array, b: jax.Array, matmul: str = "xla") -> jax.Array:
     """``a @ b`` for each (batch, KV head) pair, ``[B, K, M, N]``, accumulated in float32: the
-    attention's two matrix products, in one place for a kernel to be swapped in."""
-    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    attention's two matrix products, through the backend ``matmul`` names."""
+    return kernels.matmul(a, b, matmul)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, matmul: str = "xla") -> jax.Array:
     """Softmax attention of grouped queries.
 
     q ``[B, T, K, G, D]`` (query head ``h = k * G + g``, Hugging Face's ``repeat_kv`` order),
@@ -89,7 +91,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     B, T, K, G, D = q.shape
     S = k.shape[3]
     queries = q.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
-    scores = products(queries, k) * D**-0.5
+    scores = products(queries, k, matmul) * D**-0.5
     visible = jnp.broadcast_to(mask[:, None, None], (B, 1, G, T, S)).reshape(B, 1, G * T, S)
     scores = jnp.where(visible, scores, _MASKED)
     # Softmax normalised after the product with the values: the division then runs over
@@ -98,24 +100,26 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     # does not depend on, so no gradient goes through it.
     shift = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
     weights = jnp.exp(scores - shift)
-    out = products(weights.astype(v.dtype), v)
+    out = products(weights.astype(v.dtype), v, matmul)
     out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(v.dtype)
     return out.reshape(B, K, G, T, D).transpose(0, 3, 1, 2, 4)
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs: nnx.Rngs, matmul: str = "xla"):
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.matmul = matmul
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs, "matmul": matmul}
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.q_proj = Dense(c.hidden_size, q_size, ("embed", "q_heads"), use_bias=c.attention_bias, **kw)
         self.k_proj = Dense(c.hidden_size, kv_size, ("embed", "kv_heads"), use_bias=c.attention_bias, **kw)
         self.v_proj = Dense(c.hidden_size, kv_size, ("embed", "kv_heads"), use_bias=c.attention_bias, **kw)
         self.o_proj = Dense(q_size, c.hidden_size, ("q_heads", "embed"), use_bias=c.o_proj_bias, **kw)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, **kw)
-            self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, **kw)
+            norm = {"eps": c.rms_norm_eps, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+            self.q_norm = RMSNorm(c.head_dim, **norm)
+            self.k_norm = RMSNorm(c.head_dim, **norm)
         else:
             self.q_norm = self.k_norm = None
 
@@ -151,5 +155,5 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_update_slice(cached_k, k.astype(cached_k.dtype), (0, 0, 0, cache_index))
             v = jax.lax.dynamic_update_slice(cached_v, v.astype(cached_v.dtype), (0, 0, cache_index, 0))
             new_kv = (k, v)
-        out = attend(q.reshape(B, Q, K, G, D), k.astype(q.dtype), v.astype(q.dtype), mask)
+        out = attend(q.reshape(B, Q, K, G, D), k.astype(q.dtype), v.astype(q.dtype), mask, self.matmul)
         return self.o_proj(out.reshape(B * Q, K * G * D)), new_kv

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlinf_jax import kernels
+
 # Hugging Face initialises these models with N(0, 0.02); only matters for from-scratch models.
 INIT_STD = 0.02
 
@@ -26,13 +28,18 @@ def param(rngs: nnx.Rngs, init, shape, dtype, axes: tuple[str, ...]) -> nnx.Para
 class Dense(nnx.Module):
     """``x @ kernel (+ bias)`` on ``[tokens, in]`` activations; kernel stored ``[in, out]``."""
 
-    def __init__(self, in_features, out_features, axes, *, use_bias, dtype, param_dtype, rngs):
+    def __init__(self, in_features, out_features, axes, *, use_bias, dtype, param_dtype, rngs, matmul="xla"):
         self.dtype = dtype
+        self.matmul = matmul  # the product's backend (`rlinf_jax.kernels`)
         self.kernel = param(rngs, nnx.initializers.normal(INIT_STD), (in_features, out_features), param_dtype, axes)
         self.bias = param(rngs, nnx.initializers.zeros, (out_features,), param_dtype, axes[1:]) if use_bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        x, kernel = x.astype(self.dtype), self.kernel[...].astype(self.dtype)
+        if self.matmul == "xla":
+            y = jnp.dot(x, kernel)
+        else:
+            y = kernels.matmul(x, kernel, self.matmul).astype(self.dtype)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -68,8 +75,9 @@ class Embed(nnx.Module):
     projection uses the table unscaled.
     """
 
-    def __init__(self, vocab_size, features, *, dtype, param_dtype, rngs, scale: float | None = None):
+    def __init__(self, vocab_size, features, *, dtype, param_dtype, rngs, scale: float | None = None, matmul="xla"):
         self.dtype = dtype
+        self.matmul = matmul  # the tied output head's backend (`rlinf_jax.kernels`)
         self.scale = scale
         self.embedding = param(
             rngs, nnx.initializers.normal(INIT_STD), (vocab_size, features), param_dtype, ("vocab", "embed")
@@ -83,7 +91,10 @@ class Embed(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Tied output logits ``x @ embedding.T`` in float32, ``x`` as ``[tokens, embed]``."""
-        return tied_logits(x.astype(self.dtype), self.embedding[...].astype(self.dtype))
+        x, table = x.astype(self.dtype), self.embedding[...].astype(self.dtype)
+        if self.matmul == "xla":
+            return tied_logits(x, table)
+        return kernels.matmul(x, table, self.matmul, trans_b=True)
 
 
 @jax.custom_vjp

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlinf_jax import kernels
+
 from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
@@ -24,8 +26,8 @@ class MLP(nnx.Module):
     """Gated MLP ``down(act(gate(x)) * up(x))``: SiLU (SwiGLU), or for Gemma the tanh
     approximation of GELU (GeGLU)."""
 
-    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
-        kw = {"use_bias": config.mlp_bias, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs, matmul="xla"):
+        kw = {"use_bias": config.mlp_bias, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs, "matmul": matmul}
         d, f = config.hidden_size, config.intermediate_size
         self.gelu = config.is_gemma
         self.gate_proj = Dense(d, f, ("embed", "mlp"), **kw)
@@ -39,13 +41,13 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs):
+    def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs, matmul="xla"):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         norm = {"eps": config.rms_norm_eps, "unit_offset": config.is_gemma, **kw}
         self.attn_norm = RMSNorm(config.hidden_size, **norm)
-        self.attn = Attention(config, **kw)
+        self.attn = Attention(config, matmul=matmul, **kw)
         self.mlp_norm = RMSNorm(config.hidden_size, **norm)
-        self.mlp = MLP(config, **kw)
+        self.mlp = MLP(config, matmul=matmul, **kw)
 
     def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None):
         """``h [B*T, embed]`` -> ``[B*Q, embed]``: ``Q = T``, or the columns ``query_cols``
@@ -64,6 +66,8 @@ class CausalLM(nnx.Module):
 
     ``dtype`` is the compute dtype, ``param_dtype`` (default: ``dtype``) the storage dtype.
     Norms, RoPE, attention scores, softmax and logits run in float32 either way.
+    ``matmul`` names the backend of every matrix product (`rlinf_jax.kernels`): ``xla``, or
+    ``mkl`` (Intel MKL on one CPU device; its caller checks it with ``kernels.check_backend``).
 
     ``token_embeddings=False`` builds the decoder stack alone (no embedding table, no output
     head): a backbone that is only ever fed ``inputs_embeds``, such as pi0's action expert,
@@ -71,21 +75,33 @@ class CausalLM(nnx.Module):
     """
 
     def __init__(
-        self, config: LMConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs, token_embeddings: bool = True
+        self,
+        config: LMConfig,
+        *,
+        dtype=jnp.float32,
+        param_dtype=None,
+        rngs: nnx.Rngs,
+        token_embeddings: bool = True,
+        matmul: str = "xla",
     ):
         param_dtype = param_dtype or dtype
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
+        self.matmul = matmul
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         scale = config.hidden_size**0.5 if config.is_gemma else None
-        self.embed = Embed(config.vocab_size, config.hidden_size, scale=scale, **kw) if token_embeddings else None
-        self.layers = nnx.List([Block(config, **kw) for _ in range(config.num_layers)])
+        self.embed = (
+            Embed(config.vocab_size, config.hidden_size, scale=scale, matmul=matmul, **kw) if token_embeddings else None
+        )
+        self.layers = nnx.List([Block(config, matmul=matmul, **kw) for _ in range(config.num_layers)])
         self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
         if config.tie_word_embeddings or not token_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = Dense(config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, **kw)
+            self.lm_head = Dense(
+                config.hidden_size, config.vocab_size, ("embed", "vocab"), use_bias=False, matmul=matmul, **kw
+            )
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         """An empty static KV cache for ``batch`` rows of up to ``max_len`` tokens."""
@@ -181,9 +197,7 @@ class CausalLM(nnx.Module):
         if self.lm_head is None:
             out = self.embed.attend(h)
         else:
-            out = jnp.dot(
-                h.astype(self.dtype), self.lm_head.kernel[...].astype(self.dtype), preferred_element_type=jnp.float32
-            )
+            out = kernels.matmul(h.astype(self.dtype), self.lm_head.kernel[...].astype(self.dtype), self.matmul)
         return out.reshape(*lead, -1)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, cache_index=None):
@@ -192,3 +206,11 @@ class CausalLM(nnx.Module):
             return self.logits(out)
         hidden, new_cache = out
         return self.logits(hidden), new_cache
+
+
+def set_matmul(model: nnx.Module, backend: str) -> None:
+    """Routes every matrix product of ``model`` (loaded or built with another backend)
+    through ``backend``; programs traced afterwards use it."""
+    for _, module in nnx.iter_modules(model):
+        if hasattr(module, "matmul"):
+            module.matmul = backend

@@ -73,7 +73,7 @@ class ReasoningTrainer(LMTrainer):
         self.meshes = {c: component_mesh(placement, c, devices) for c in components(cfg)}
         self.rules = rules_from_config(cfg.cluster.partition_rules)
 
-        lm = self.lm = make_lm_setup(cfg, self.meshes["rollout"], self.rules)
+        lm = self.lm = make_lm_setup(cfg, self.meshes["rollout"], self.rules, len(devices))
         self.model_source, self.lm_config, self.tokenizer, self.lora = lm.model_source, lm.lm_config, lm.tokenizer, lm.lora
         self.num_prompts, self.group = cfg.data.rollout_batch_size, a.group_size
         self.samples = self.samples_per_iteration = self.num_prompts * self.group

@@ -106,7 +106,7 @@ class SFTTrainer(LMTrainer):
         self.placement = placement
         self.mesh = component_mesh(placement, "actor", devices)
         self.rules = rules_from_config(cfg.cluster.partition_rules)
-        lm = self.lm = make_lm_setup(cfg, self.mesh, self.rules)
+        lm = self.lm = make_lm_setup(cfg, self.mesh, self.rules, len(devices))
         self.model_source, self.tokenizer, self.lora = lm.model_source, lm.tokenizer, lm.lora
         self.loader = PromptLoader(lm.train_ds, cfg.actor.global_batch_size, cfg.data.seed, cfg.data.shuffle)
         self.param_shardings = param_shardings(lm.params, self.mesh, self.rules)

@@ -16,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlinf_jax import kernels
+
 from rlinf_jax.config.schema import Config, PolicyConfig
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies.lm import CausalLM, LMConfig, from_pretrained, load_converted
+from rlinf_jax.policies.lm import CausalLM, LMConfig, from_pretrained, load_converted, set_matmul
 from rlinf_jax.policies.lm.hf_checkpoint import abstract_model, dotted, fill_model, flatten_tree, parse_dtype
 from rlinf_jax.policies.lm.lora import merge_host
 from rlinf_jax.runtime import Checkpointer, find_checkpoint
@@ -56,12 +59,40 @@ class LoadedLM:
 
 
 def load_policy(cfg: Config, seed: int | None = None) -> LoadedLM:
-    """The model ``actor.model`` describes, on the default device (callers lay it out)."""
+    """The model ``actor.model`` describes, on the default device (callers lay it out), its
+    parameters stored in ``param_dtype`` and its products through the ``matmul`` backend."""
     m = cfg.actor.model
     dtype = parse_dtype(m.dtype)
+    param_dtype = parse_dtype(m.param_dtype) if m.param_dtype else dtype
+    loaded = _load(cfg, m, dtype, param_dtype, seed)
+    return LoadedLM(with_settings(loaded.model, param_dtype, m.matmul), loaded.source)
+
+
+def with_settings(model: CausalLM, param_dtype, matmul: str) -> CausalLM:
+    """``model`` with its parameters in ``param_dtype`` and its products through ``matmul``."""
+    if jnp.dtype(model.param_dtype) != param_dtype:
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(param_dtype), state))
+        model.param_dtype = param_dtype
+    set_matmul(model, matmul)
+    return model
+
+
+def check_matmul(m: PolicyConfig, num_devices: int) -> None:
+    """``actor.model.matmul`` can run on this machine and this run's devices (compiling the
+    MKL kernel now, before any model is built, when it is asked for and not yet cached)."""
+    kernels.check_backend(m.matmul, parse_dtype(m.dtype))
+    if m.matmul != "xla" and num_devices > 1:
+        raise BadInput(
+            f"actor.model.matmul={m.matmul} runs its custom call on one device, and this run uses {num_devices}: "
+            "set cluster.num_devices=1, or actor.model.matmul=xla"
+        )
+
+
+def _load(cfg: Config, m: PolicyConfig, dtype, param_dtype, seed) -> LoadedLM:
     if not m.path:
         seed = cfg.runner.seed if seed is None else seed
-        model = CausalLM(lm_config_from(m), dtype=dtype, rngs=nnx.Rngs(seed))
+        model = CausalLM(lm_config_from(m), dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
         return LoadedLM(model, f"fresh {m.lm_model_type} model (seed {seed})")
     path = Path(m.path)
     if not path.exists():
@@ -74,7 +105,7 @@ def load_policy(cfg: Config, seed: int | None = None) -> LoadedLM:
     if path.is_dir() and (path / "config.json").is_file():
         if (path / "params").is_dir():
             return LoadedLM(load_converted(path, dtype=dtype), f"converted model {path}")
-        return LoadedLM(from_pretrained(path, dtype=dtype), f"Hugging Face model {path}")
+        return LoadedLM(from_pretrained(path, dtype=dtype, param_dtype=param_dtype), f"Hugging Face model {path}")
     model, point = load_checkpoint_policy(path, dtype)
     return LoadedLM(model, f"checkpoint {point.path}")
 

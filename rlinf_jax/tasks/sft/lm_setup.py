@@ -22,7 +22,7 @@ from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_to
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.sharding.mesh import fetch
-from rlinf_jax.tasks.sft.lm_model import checkpoint_meta, load_policy
+from rlinf_jax.tasks.sft.lm_model import check_matmul, checkpoint_meta, load_policy
 
 
 @dataclass
@@ -46,11 +46,13 @@ class LMSetup:
         return SamplingParams(ro.max_new_tokens, ro.eval_temperature, ro.top_p, ro.top_k, self.stop_tokens)
 
 
-def make_lm_setup(cfg: Config, sampler_mesh, rules) -> LMSetup:
+def make_lm_setup(cfg: Config, sampler_mesh, rules, num_devices: int) -> LMSetup:
     """Data first (a bad file fails before any model is built), then the model of
-    ``actor.model``, its tokenizer, LoRA adapters when ``actor.model.lora_rank`` > 0, the
-    sampler on ``sampler_mesh`` and the reward function of ``reward``."""
+    ``actor.model`` (its product backend checked against the run's ``num_devices``), its
+    tokenizer, LoRA adapters when ``actor.model.lora_rank`` > 0, the sampler on
+    ``sampler_mesh`` and the reward function of ``reward``."""
     train_ds, eval_ds = build_datasets(cfg.data)
+    check_matmul(cfg.actor.model, num_devices)
     loaded = load_policy(cfg)
     tokenizer = run_tokenizer(cfg.data.tokenizer, loaded.model.config.vocab_size)
     graphdef, policy = nnx.split(loaded.model)

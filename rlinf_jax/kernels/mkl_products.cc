@@ -1,13 +1,14 @@
 // Matrix products through Intel MKL, as XLA CPU custom calls (jax.ffi).
 //
-// Built by benchmarks/mkl_kernels.py, to measure what routing our products through MKL
-// would buy before the library carries such a kernel. Row-major, float32 out; the handlers
-// MklGemmF32 / MklGemmBf16 take
+// Compiled on first use by rlinf_jax/kernels/mkl.py (actor.model.matmul=mkl). Row-major,
+// float32 out; the handlers MklGemmF32 / MklGemmBf16 take
 //   2-D operands:  y[M, N]    = op(a) @ op(b)
 //   3-D operands:  y[L, M, N] = op(a[l]) @ op(b[l])   (one product per leading index)
 // op() transposes when the attribute trans_a / trans_b is set. MKL reads a transposed
-// operand in place, which is why the backward products need no copies here. The bfloat16
-// variants call cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them.
+// operand in place, which is why the backward products need no copies. The bfloat16
+// variant calls cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them
+// (XLA's own CPU bfloat16 products do not).
+#include <algorithm>
 #include <cstdint>
 
 #include "mkl_cblas.h"
@@ -56,6 +57,11 @@ ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::Buffer<
   const Elem* pb = reinterpret_cast<const Elem*>(b.untyped_data());
   float* py = y->typed_data();
   const int64_t M = A.rows, K = A.cols, N = B.cols;
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {  // an empty contraction: MKL's leading-dimension checks would reject it
+    std::fill(py, py + A.batch * M * N, 0.0f);
+    return ffi::Error::Success();
+  }
   for (int64_t l = 0; l < A.batch; ++l) {
     Gemm(ta, tb, M, N, K, pa + l * M * K, A.ld, pb + l * K * N, B.ld, py + l * M * N);
   }

@@ -1,0 +1,192 @@
+"""The matrix-product backends (``actor.model.matmul``): MKL's custom call against XLA's dot
+(values and gradients, every operand form the models use), a model routed through it against
+the same model on XLA, mixed-precision SFT on either backend, and the errors a user meets."""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlinf_jax import kernels
+from rlinf_jax.config import load_config
+from rlinf_jax.errors import BadInput
+from rlinf_jax.kernels import mkl
+from rlinf_jax.policies.lm import CausalLM, LMConfig, set_matmul
+from rlinf_jax.tasks.sft.lm_model import check_matmul
+
+try:
+    mkl._mkl_files()
+    HAVE_MKL = True
+except BadInput:
+    HAVE_MKL = False
+needs_mkl = pytest.mark.skipif(not HAVE_MKL, reason='MKL is not installed (pip install -e ".[mkl]")')
+
+# Relative tolerance of one product: float32 sums in another order; bfloat16 inputs are the
+# same on both sides and both accumulate in float32, so only the summation order differs too.
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
+
+
+def _operands(shape_a, shape_b, dtype, seed=0):
+    ka, kb = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(ka, shape_a).astype(dtype), jax.random.normal(kb, shape_b).astype(dtype)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize(
+    "shape_a, shape_b, trans_b",
+    [
+        ((5, 7), (7, 3), False),  # a dense layer
+        ((5, 7), (3, 7), True),  # a tied output head
+        ((4, 5, 7), (4, 7, 3), False),  # one product per leading index
+        ((2, 3, 5, 7), (2, 3, 7, 6), False),  # attention: (batch, KV head) pairs
+        ((5, 0), (0, 3), False),  # an empty contraction is zeros
+    ],
+)
+def test_mkl_products_and_gradients_equal_xla(dtype, shape_a, shape_b, trans_b):
+    a, b = _operands(shape_a, shape_b, dtype)
+    ours = kernels.matmul(a, b, "mkl", trans_b=trans_b)
+    ref = kernels.matmul(a, b, "xla", trans_b=trans_b)
+    assert ours.dtype == ref.dtype == jnp.float32 and ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref, rtol=TOL[dtype], atol=TOL[dtype])
+
+    # Reference gradients through a float32 jnp.matmul of the same (rounded) inputs.
+    w = jax.random.normal(jax.random.key(2), ref.shape)
+
+    def loss(backend, x, y):
+        return jnp.sum(kernels.matmul(x, y, backend, trans_b=trans_b) * w)
+
+    got = jax.grad(lambda x, y: loss("mkl", x, y), argnums=(0, 1))(a, b)
+    want = jax.grad(lambda x, y: loss("xla", x, y), argnums=(0, 1))(a.astype(jnp.float32), b.astype(jnp.float32))
+    for g, r in zip(got, want):
+        assert g.dtype == dtype and g.shape == r.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), r, rtol=TOL[dtype], atol=TOL[dtype] * 10)
+
+
+@needs_mkl
+def test_mkl_products_under_vmap_and_jit():
+    a, b = _operands((3, 4, 5), (3, 5, 2), jnp.float32)
+    ours = jax.jit(jax.vmap(lambda x, y: kernels.matmul(x, y, "mkl")))(a, b)
+    np.testing.assert_allclose(ours, jnp.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def _tiny(tie: bool) -> LMConfig:
+    return LMConfig.from_hf_config({
+        "model_type": "qwen2", "vocab_size": 50, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "tie_word_embeddings": tie, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    })
+
+
+@needs_mkl
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_model_through_mkl_equals_the_model_on_xla(tie, dtype):
+    """Loss and every parameter's gradient, and a cached prefill + decode step (the sampler's
+    path), with bfloat16 compute over float32 parameters or all in float32."""
+    models = [CausalLM(_tiny(tie), dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0), matmul=m)
+              for m in ("xla", "mkl")]
+    ids = jax.random.randint(jax.random.key(1), (3, 7), 0, 50)
+    mask = jnp.ones((3, 7), jnp.int32).at[0, :2].set(0)  # a left-padded row
+
+    def loss(model):
+        logp = jax.nn.log_softmax(model(ids, mask)[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
+
+    (l_xla, g_xla), (l_mkl, g_mkl) = (nnx.value_and_grad(loss)(m) for m in models)
+    tol = TOL[dtype]
+    assert float(l_mkl) == pytest.approx(float(l_xla), rel=tol)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_xla))
+    for gx, gm in zip(jax.tree.leaves(g_xla), jax.tree.leaves(g_mkl)):
+        np.testing.assert_allclose(gm, gx, atol=tol * scale * (1 if dtype == jnp.float32 else 5))
+
+    def prefill_decode(model):
+        cache = model.init_cache(3, 9)
+        full_mask = jnp.concatenate([mask, jnp.ones((3, 2), jnp.int32)], axis=1)
+        logits, cache = model(ids, full_mask, cache=cache, cache_index=0)
+        step, _ = model(ids[:, -1:], full_mask, cache=cache, cache_index=7)
+        return logits, step
+
+    for x, m in zip(prefill_decode(models[0]), prefill_decode(models[1])):
+        np.testing.assert_allclose(m, x, rtol=tol, atol=tol * 10)
+
+
+@needs_mkl
+def test_set_matmul_reroutes_a_built_model():
+    model = CausalLM(_tiny(True), rngs=nnx.Rngs(0))
+    ids = jnp.arange(6)[None] % 50
+    before = model(ids)
+    set_matmul(model, "mkl")
+    assert {m.matmul for _, m in nnx.iter_modules(model) if hasattr(m, "matmul")} == {"mkl"}
+    hlo = jax.jit(lambda i: model(i)).lower(ids).as_text()
+    assert "mkl_gemm_f32" in hlo and "dot_general" not in hlo  # every product is the custom call
+    np.testing.assert_allclose(model(ids), before, rtol=1e-5, atol=1e-5)
+
+
+TINY_SFT = [
+    "actor.model.lm_hidden_size=32", "actor.model.lm_intermediate_size=64", "actor.model.lm_num_layers=1",
+    "actor.model.lm_num_heads=2", "actor.model.lm_num_kv_heads=1", "data.eval_size=16",
+    "rollout.max_new_tokens=12", "rollout.eval_batch_size=16", "runner.progress_bar=false",
+    "runner.tensorboard=false", "actor.global_batch_size=16", "actor.micro_batch_size=8",
+    "actor.optim.warmup_steps=0", "actor.optim.lr=3e-3", "runner.max_steps=12", "runner.log_interval=1",
+    "runner.eval_interval=0", "runner.save_interval=0",
+]
+
+
+@needs_mkl
+@pytest.mark.slow
+def test_mixed_precision_sft_learns_alike_on_both_backends(tmp_path):
+    """bfloat16 products over float32 parameters: the loss curve of 12 steps through MKL
+    follows XLA's, both follow the all-float32 run's, and parameters and optimiser state
+    stay float32."""
+    from rlinf_jax.runtime import read_metrics
+    from rlinf_jax.tasks.sft.lm import SFTTrainer
+    from rlinf_jax.train import main
+
+    mixed = ["actor.model.dtype=bfloat16", "actor.model.param_dtype=float32"]
+    curves = {}
+    for name, extra in (("xla", mixed), ("mkl", [*mixed, "actor.model.matmul=mkl"]), ("float32", [])):
+        args = [*TINY_SFT, *extra, f"runner.output_dir={tmp_path}", f"runner.experiment_name={name}"]
+        assert main(["--config-name", "sft_math", *args]) == 0
+        curves[name] = np.array([r["train/loss"] for r in read_metrics(tmp_path / name) if "train/loss" in r])
+    assert len(curves["mkl"]) == 12
+    assert curves["mkl"][-1] < curves["mkl"][0] - 0.5, curves["mkl"]  # it learns
+    np.testing.assert_allclose(curves["mkl"], curves["xla"], rtol=0.02)
+    np.testing.assert_allclose(curves["mkl"], curves["float32"], rtol=0.03)
+
+    cfg = load_config("sft_math", [*TINY_SFT, *mixed, "actor.model.matmul=mkl", f"runner.output_dir={tmp_path}"])
+    ts = SFTTrainer(cfg).init()
+    dtypes = {x.dtype for x in jax.tree.leaves((ts.params, ts.opt_state)) if jnp.issubdtype(x.dtype, jnp.floating)}
+    assert dtypes == {jnp.dtype(jnp.float32)}
+
+
+def test_bad_backend_settings_are_one_line_errors(tmp_path, capsys):
+    from rlinf_jax.train import main
+
+    base = ["--config-name", "sft_math", *TINY_SFT, f"runner.output_dir={tmp_path}"]
+    assert main([*base, "actor.model.matmul=cublas"]) == 2
+    assert "actor.model.matmul='cublas' is unknown; choose one of xla, mkl" in capsys.readouterr().err
+    assert main([*base, "actor.model.param_dtype=float64"]) == 2
+    assert "actor.model.param_dtype: dtype 'float64' is not supported" in capsys.readouterr().err
+    assert not (tmp_path / "sft").exists()  # nothing written
+
+    m = load_config("sft_math", ["actor.model.matmul=mkl", "actor.model.dtype=float16"]).actor.model
+    with pytest.raises(BadInput, match="computes in float32 or bfloat16, not float16"):
+        check_matmul(m, 1)
+    if HAVE_MKL:
+        m = load_config("sft_math", ["actor.model.matmul=mkl"]).actor.model
+        with pytest.raises(BadInput, match="runs its custom call on one device, and this run uses 2"):
+            check_matmul(m, 2)
+        check_matmul(m, 1)  # builds or loads the kernel
+
+
+def test_missing_mkl_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.delenv("MKLROOT", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    with pytest.raises(BadInput, match=r'needs Intel MKL.*pip install -e "\.\[mkl\]"'):
+        mkl.build()
