@@ -49,6 +49,14 @@ def _mkl_files() -> tuple[Path, Path]:
                    f"{', '.join(map(str, roots))}; run {_INSTALL}")
 
 
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("RLINF_JAX_KERNEL_CACHE") or Path.home() / ".cache" / "rlinf_jax" / "kernels")
 
@@ -56,7 +64,10 @@ def cache_dir() -> Path:
 def build() -> Path:
     """The compiled kernel library, built now unless a cached build of the same inputs exists."""
     include, lib = _mkl_files()
-    key = hashlib.sha256(SOURCE.read_bytes() + f"{jax.__version__}|{lib.resolve()}".encode()).hexdigest()[:16]
+    # Built for this CPU (-march=native): its feature flags are part of the key, so a cache
+    # shared between different machines holds one build for each.
+    inputs = f"{jax.__version__}|{lib.resolve()}|{_cpu_flags()}"
+    key = hashlib.sha256(SOURCE.read_bytes() + inputs.encode()).hexdigest()[:16]
     out = cache_dir() / f"mkl_products-{key}.so"
     if out.is_file():
         return out
@@ -69,7 +80,7 @@ def build() -> Path:
     # half-written library.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", f"-I{include}",
+    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", f"-I{include}",
            str(SOURCE), "-o", tmp, str(lib), f"-Wl,-rpath,{lib.parent}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -87,36 +98,37 @@ def register() -> None:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
 
 
-def _call(a, b, trans_a: bool, trans_b: bool):
-    """``op(a) @ op(b)``, float32 out: 2-D operands, or 3-D with one product per leading index."""
+def _call(a, b, trans_a: bool, trans_b: bool, out_dtype=jnp.float32):
+    """``op(a) @ op(b)`` accumulated in float32 and returned in ``out_dtype`` (float32 or
+    bfloat16): 2-D operands, or 3-D with one product per leading index."""
     register()
     rows = a.shape[-1] if trans_a else a.shape[-2]
     cols = b.shape[-2] if trans_b else b.shape[-1]
     target = "mkl_gemm_bf16" if a.dtype == jnp.bfloat16 else "mkl_gemm_f32"
-    out = jax.ShapeDtypeStruct((*a.shape[:-2], rows, cols), jnp.float32)
+    out = jax.ShapeDtypeStruct((*a.shape[:-2], rows, cols), out_dtype)
     call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
     return call(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def mkl_matmul(a, b, trans_b: bool = False):
-    """``a @ b`` (``a @ b.T`` with ``trans_b``) through MKL, float32 out; ``a`` and ``b`` share
-    a dtype (float32 or bfloat16) and are 2-D, or 3-D with a shared leading batch axis."""
-    return _call(a, b, False, trans_b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def mkl_matmul(a, b, trans_b: bool = False, out_dtype=jnp.float32):
+    """``a @ b`` (``a @ b.T`` with ``trans_b``) through MKL, accumulated in float32 and
+    returned in ``out_dtype``; ``a`` and ``b`` share a dtype (float32 or bfloat16) and are
+    2-D, or 3-D with a shared leading batch axis. Gradients come out in the operands' dtype."""
+    return _call(a, b, False, trans_b, out_dtype)
 
 
-def _matmul_fwd(a, b, trans_b):
-    return mkl_matmul(a, b, trans_b), (a, b)
+def _matmul_fwd(a, b, trans_b, out_dtype):
+    return mkl_matmul(a, b, trans_b, out_dtype), (a, b)
 
 
-def _matmul_bwd(trans_b, residuals, g):
+def _matmul_bwd(trans_b, out_dtype, residuals, g):
     a, b = residuals
     g = g.astype(a.dtype)
     if trans_b:  # y = a b^T: da = g b, db = g^T a
-        da, db = _call(g, b, False, False), _call(g, a, True, False)
-    else:  # y = a b: da = g b^T, db = a^T g
-        da, db = _call(g, b, False, True), _call(a, g, True, False)
-    return da.astype(a.dtype), db.astype(b.dtype)
+        return _call(g, b, False, False, a.dtype), _call(g, a, True, False, b.dtype)
+    # y = a b: da = g b^T, db = a^T g
+    return _call(g, b, False, True, a.dtype), _call(a, g, True, False, b.dtype)
 
 
 mkl_matmul.defvjp(_matmul_fwd, _matmul_bwd)

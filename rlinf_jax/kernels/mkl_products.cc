@@ -1,15 +1,19 @@
 // Matrix products through Intel MKL, as XLA CPU custom calls (jax.ffi).
 //
 // Compiled on first use by rlinf_jax/kernels/mkl.py (actor.model.matmul=mkl). Row-major,
-// float32 out; the handlers MklGemmF32 / MklGemmBf16 take
+// float32 or (rounded once) bfloat16 out; the handlers MklGemmF32 / MklGemmBf16 take
 //   2-D operands:  y[M, N]    = op(a) @ op(b)
 //   3-D operands:  y[L, M, N] = op(a[l]) @ op(b[l])   (one product per leading index)
 // op() transposes when the attribute trans_a / trans_b is set. MKL reads a transposed
 // operand in place, which is why the backward products need no copies. The bfloat16
 // variant calls cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them
 // (XLA's own CPU bfloat16 products do not).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "mkl_cblas.h"
 #include "xla/ffi/api/ffi.h"
@@ -45,25 +49,64 @@ void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t 
                          reinterpret_cast<const MKL_BF16*>(b), ldb, 0.0f, y, N);
 }
 
+// Floats of one block of a bfloat16 result (512 KB: inside a core's L2 cache).
+constexpr int64_t kBlockFloats = 128 * 1024;
+
+// float32 -> bfloat16, rounding to nearest even as XLA's convert does (NaNs stay NaNs).
+inline uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// n floats rounded to bfloat16: 16 at a time with AVX512-BF16 where the compiler targets it
+// (same rounding, NaNs quiet), the rest one by one.
+void Round(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh packed = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(packed));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = ToBf16(src[i]);
+}
+
 template <ffi::DataType T, typename Elem>
-ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::Buffer<ffi::F32>> y, bool trans_a,
-                    bool trans_b) {
+ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::AnyBuffer> y, bool trans_a, bool trans_b) {
   const Operand A = Shape(a, trans_a), B = Shape(b, trans_b);
   if (A.cols != B.rows || A.batch != B.batch) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "mkl gemm: operand shapes do not chain");
   }
+  const bool bf16_out = y->element_type() == ffi::DataType::BF16;
+  if (!bf16_out && y->element_type() != ffi::DataType::F32) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "mkl gemm: the result is float32 or bfloat16");
+  }
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const Elem* pa = reinterpret_cast<const Elem*>(a.untyped_data());
   const Elem* pb = reinterpret_cast<const Elem*>(b.untyped_data());
-  float* py = y->typed_data();
   const int64_t M = A.rows, K = A.cols, N = B.cols;
   if (M == 0 || N == 0) return ffi::Error::Success();
-  if (K == 0) {  // an empty contraction: MKL's leading-dimension checks would reject it
-    std::fill(py, py + A.batch * M * N, 0.0f);
-    return ffi::Error::Success();
-  }
+  // A bfloat16 result is accumulated in float32 and rounded once: the same numbers as a
+  // float32 result converted by XLA. It is made a block of rows at a time, each block
+  // rounded while it is still in cache (a separate pass over the whole float32 result cost
+  // as much as XLA's own convert: it is bound by memory).
+  const int64_t block = bf16_out ? std::max<int64_t>(1, kBlockFloats / N) : M;
+  static thread_local std::vector<float> scratch;
+  if (bf16_out) scratch.resize(static_cast<size_t>(std::min(block, M) * N));
+  const int64_t a_row = trans_a ? 1 : A.ld;  // step between rows of op(a)
   for (int64_t l = 0; l < A.batch; ++l) {
-    Gemm(ta, tb, M, N, K, pa + l * M * K, A.ld, pb + l * K * N, B.ld, py + l * M * N);
+    for (int64_t r = 0; r < M; r += block) {
+      const int64_t rows = std::min(block, M - r);
+      float* out = bf16_out ? scratch.data() : reinterpret_cast<float*>(y->untyped_data()) + (l * M + r) * N;
+      if (K == 0) {  // an empty contraction: MKL's leading-dimension checks would reject it
+        std::fill(out, out + rows * N, 0.0f);
+      } else {
+        Gemm(ta, tb, rows, N, K, pa + l * M * K + r * a_row, A.ld, pb + l * K * N, B.ld, out);
+      }
+      if (bf16_out) Round(out, reinterpret_cast<uint16_t*>(y->untyped_data()) + (l * M + r) * N, rows * N);
+    }
   }
   return ffi::Error::Success();
 }
@@ -74,7 +117,7 @@ ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::Buffer<
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (Products<T, Elem>), ffi::Ffi::Bind()                        \
                                                                .Arg<ffi::Buffer<T>>()              \
                                                                .Arg<ffi::Buffer<T>>()              \
-                                                               .Ret<ffi::Buffer<ffi::F32>>()       \
+                                                               .Ret<ffi::AnyBuffer>()              \
                                                                .Attr<bool>("trans_a")              \
                                                                .Attr<bool>("trans_b"));
 

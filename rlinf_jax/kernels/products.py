@@ -31,18 +31,21 @@ def check_backend(backend: str, dtype) -> None:
     mkl.register()
 
 
-def matmul(a: jax.Array, b: jax.Array, backend: str = "xla", *, trans_b: bool = False) -> jax.Array:
-    """``a @ b`` (``a @ b^T`` with ``trans_b``), accumulated and returned in float32.
+def matmul(a: jax.Array, b: jax.Array, backend: str = "xla", *, trans_b: bool = False,
+           out_dtype=jnp.float32) -> jax.Array:
+    """``a @ b`` (``a @ b^T`` with ``trans_b``), accumulated in float32, returned in
+    ``out_dtype``.
 
     ``a`` is ``[..., M, K]`` and ``b`` ``[..., K, N]`` (``[..., N, K]`` with ``trans_b``), both in
     the compute dtype, with the same leading axes.
     """
     if backend == "xla":
-        return jnp.matmul(a, jnp.swapaxes(b, -1, -2) if trans_b else b, preferred_element_type=jnp.float32)
+        out = jnp.matmul(a, jnp.swapaxes(b, -1, -2) if trans_b else b, preferred_element_type=jnp.float32)
+        return out.astype(out_dtype)
     if backend != "mkl":
         raise ValueError(f"unknown matmul backend {backend!r}")
     lead = a.shape[:-2]
     if len(lead) > 1:  # the kernel takes one leading axis: fold the rest into it
-        out = mkl.mkl_matmul(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), trans_b)
+        out = mkl.mkl_matmul(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), trans_b, out_dtype)
         return out.reshape(*lead, *out.shape[-2:])
-    return mkl.mkl_matmul(a, b, trans_b)
+    return mkl.mkl_matmul(a, b, trans_b, out_dtype)

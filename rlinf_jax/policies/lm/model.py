@@ -35,9 +35,45 @@ class MLP(nnx.Module):
         self.down_proj = Dense(f, d, ("mlp", "embed"), **kw)
 
     def __call__(self, x):
-        gate = self.gate_proj(x)
-        gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
-        return self.down_proj(gate * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.gelu:
+            return self.down_proj(jax.nn.gelu(gate, approximate=True) * up)
+        return self.down_proj(swiglu(gate, up))
+
+
+@jax.custom_vjp
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """``silu(gate) * up``, with a backward pass written out.
+
+    Autodiff keeps ``sigmoid(gate)`` and ``silu(gate)`` for the backward pass, so XLA CPU wrote
+    both out and ran the forward as three passes over ``[tokens, intermediate]`` (and the
+    backward as several more). Here the forward is one pass and the backward one pass that
+    recomputes the sigmoid from ``gate``.
+    """
+    return _swiglu(gate, up)
+
+
+def _swiglu(gate, up):
+    g = gate.astype(jnp.float32)
+    return (g * jax.nn.sigmoid(g) * up.astype(jnp.float32)).astype(up.dtype)
+
+
+def _swiglu_fwd(gate, up):
+    return _swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(residuals, dh):
+    # The barrier keeps XLA from merging this sigmoid with the forward's (common
+    # subexpressions), which would write the forward's intermediates out again.
+    gate, up = jax.lax.optimization_barrier(residuals)
+    g, u, dh = gate.astype(jnp.float32), up.astype(jnp.float32), dh.astype(jnp.float32)
+    sig = jax.nn.sigmoid(g)
+    silu = g * sig
+    d_gate = dh * u * (sig + silu * (1.0 - sig))  # d silu / d g = sig * (1 + g * (1 - sig))
+    return d_gate.astype(gate.dtype), (dh * silu).astype(up.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class Block(nnx.Module):
