@@ -21,6 +21,7 @@ Brax's steady env steps/s at equal UTD (higher is better for us) and
 
     python benchmarks/sac_vs_brax.py                   # inverted_pendulum, the sac_brax recipe's settings
     python benchmarks/sac_vs_brax.py --repeats 2 --epochs 6
+    python benchmarks/sac_vs_brax.py --matmul mkl [--compute-dtype bfloat16]   # our products through MKL
 
 Hyperparameter mapping (Brax ``sac.train`` argument -> our config key)
 -----------------------------------------------------------------------
@@ -104,6 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--order", choices=["brax-first", "ours-first"], default="brax-first")
     p.add_argument("--only", choices=["both", "brax", "ours"], default="both")
+    p.add_argument("--matmul", choices=["xla", "mkl"], default="xla",
+                   help="our actor's and critics' product backend (actor.model.matmul; mkl: the mkl extra)")
+    p.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="our products' dtype (actor.model.compute_dtype); Brax's stay float32")
     args = p.parse_args(argv)
     args.steps_per_epoch = args.eval_every * args.rollout_length * args.num_envs
     args.grad_steps_per_epoch = args.eval_every * args.rollout_length * args.utd
@@ -184,7 +189,8 @@ def make_config(args):
         f"actor.model.policy_hidden_sizes=[{','.join(map(str, args.hidden))}]",
         f"actor.model.value_hidden_sizes=[{','.join(map(str, args.hidden))}]", "actor.model.activation=relu",
         f"actor.optim.lr={args.learning_rate}", f"actor.optim.critic_lr={args.learning_rate}",
-        "actor.optim.max_grad_norm=0",
+        "actor.optim.max_grad_norm=0", f"actor.model.matmul={args.matmul}",
+        f"actor.model.compute_dtype={args.compute_dtype}",
     ])
 
 
@@ -248,6 +254,7 @@ def main(argv=None) -> int:
         f"{args.batch_size}, lr {args.learning_rate}, gamma {args.gamma}, reward scaling {args.reward_scaling}, "
         f"replay {args.replay_size} (min {args.min_replay}), hidden {args.hidden}, normalize obs "
         f"{args.normalize_observations}")
+    log(f"our products: {args.matmul}, {args.compute_dtype} (MKL threads: {os.environ.get('MKL_NUM_THREADS', '1')})")
     log(f"schedule: {args.epochs} epochs of {args.steps_per_epoch} env steps and {args.grad_steps_per_epoch} gradient "
         f"steps per side; threshold {args.threshold:g}")
     log("=" * 78)
@@ -258,6 +265,7 @@ def main(argv=None) -> int:
         "env": args.env, "backend": args.backend, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform, "order": schedule, "threshold": args.threshold,
         "utd": args.utd, "num_envs": args.num_envs, "batch_size": args.batch_size,
+        "matmul": args.matmul, "compute_dtype": args.compute_dtype,
         "ours": results.get("ours"), "brax": results.get("brax"),
         "compile_ratio": ratio("compile_s"),
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),

@@ -17,7 +17,6 @@ from rlinf_jax.config import load_config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm import CausalLM, LMConfig, set_matmul
-from rlinf_jax.tasks.sft.lm_model import check_matmul
 
 try:
     mkl._mkl_files()
@@ -175,14 +174,12 @@ def test_bad_backend_settings_are_one_line_errors(tmp_path, capsys):
     assert "actor.model.param_dtype: dtype 'float64' is not supported" in capsys.readouterr().err
     assert not (tmp_path / "sft").exists()  # nothing written
 
-    m = load_config("sft_math", ["actor.model.matmul=mkl", "actor.model.dtype=float16"]).actor.model
     with pytest.raises(BadInput, match="computes in float32 or bfloat16, not float16"):
-        check_matmul(m, 1)
+        kernels.check_backend("mkl", jnp.float16)
+    with pytest.raises(BadInput, match="runs its custom call on one device, and this run uses 2"):
+        kernels.check_backend("mkl", jnp.float32, 2)
     if HAVE_MKL:
-        m = load_config("sft_math", ["actor.model.matmul=mkl"]).actor.model
-        with pytest.raises(BadInput, match="runs its custom call on one device, and this run uses 2"):
-            check_matmul(m, 2)
-        check_matmul(m, 1)  # builds or loads the kernel
+        kernels.check_backend("mkl", jnp.bfloat16, 1)  # builds or loads the kernel
 
 
 def test_missing_mkl_says_how_to_install(tmp_path, monkeypatch):
@@ -190,3 +187,50 @@ def test_missing_mkl_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     with pytest.raises(BadInput, match=r'needs Intel MKL.*pip install -e "\.\[mkl\]"'):
         mkl.build()
+
+
+def _sac_steps(extra, steps=3):
+    """The sac_brax learner's first ``steps`` gradient steps on fixed random batches: the
+    critic losses and the final actor and critic parameters."""
+    from rlinf_jax.replay import TransitionBatch
+    from rlinf_jax.tasks.offpolicy import learner as lib
+    from rlinf_jax.tasks.offpolicy import trainer
+    from rlinf_jax.tasks.offpolicy.setup import make_setup
+    from rlinf_jax.tasks.registry import load_run_config
+
+    cfg = load_run_config("sac_brax", ["runner.progress_bar=false", "runner.tensorboard=false", "env.num_envs=4",
+                                       "algorithm.batch_size=32", *extra])
+    setup = make_setup(cfg)
+    obs, act = setup.env.observation_size, setup.env.action_size
+    key = jax.random.PRNGKey(0)
+    env_state = jax.jit(setup.env.reset)(key)
+    state = trainer.initial_state(cfg, setup, setup.learner, key, env_state,
+                                  trainer.empty_replay(setup.learner, setup, env_state.obs, act))
+    rng = np.random.default_rng(0)
+    losses = []
+    for i in range(steps):
+        batch = TransitionBatch(
+            obs=jnp.asarray(rng.normal(size=(32, obs)), jnp.float32),
+            action=jnp.asarray(rng.uniform(-1, 1, (32, act)), jnp.float32),
+            reward=jnp.asarray(rng.normal(size=(32,)), jnp.float32),
+            next_obs=jnp.asarray(rng.normal(size=(32, obs)), jnp.float32),
+            terminated=jnp.zeros((32,), jnp.float32),
+        )
+        state, _, metrics = jax.jit(lambda s, b, k: lib.sac_step(setup.learner, s, b, k))(
+            state, batch, jax.random.PRNGKey(i))
+        losses.append(float(metrics["train/critic_loss"]))
+    return np.array(losses), state
+
+
+@needs_mkl
+@pytest.mark.slow
+def test_sac_steps_through_mkl_equal_xla_and_bfloat16_stays_close():
+    """The off-policy actor and critics through MKL: float32 steps equal XLA's; bfloat16
+    products (mixed precision) stay within a few percent of them."""
+    ref_losses, ref = _sac_steps([])
+    losses, state = _sac_steps(["actor.model.matmul=mkl"])
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    for a, b in zip(jax.tree.leaves((state.actor, state.critic)), jax.tree.leaves((ref.actor, ref.critic))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    bf16_losses, _ = _sac_steps(["actor.model.matmul=mkl", "actor.model.compute_dtype=bfloat16"])
+    np.testing.assert_allclose(bf16_losses, ref_losses, rtol=0.05)

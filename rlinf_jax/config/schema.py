@@ -115,11 +115,12 @@ class PolicyConfig:
     # Initial std of the Gaussian policy is softplus(param) + min_std, as in Brax.
     min_std: float = 0.001
     init_log_std: float = 0.0
-    # The control MLP's (kind=mlp) mixed precision: the dtype its matrix products run in
-    # (float32 | bfloat16). Parameters, optimiser state and the loss's distribution maths
-    # stay float32. bfloat16 halves activation traffic where the hardware has fast
-    # bfloat16 dots (GPUs, TPUs); XLA's CPU backend runs them slower than float32, so the
-    # default is float32.
+    # The control MLP's (kind=mlp: PPO's actor-critic, the off-policy actor and critics)
+    # mixed precision: the dtype its matrix products run in (float32 | bfloat16).
+    # Parameters, optimiser state and the loss's distribution maths stay float32. bfloat16
+    # halves activation traffic where the hardware has fast bfloat16 dots (GPUs, TPUs);
+    # XLA's CPU backend runs them slower than float32 (MKL's, matmul=mkl, faster on CPUs
+    # with AMX), so the default is float32.
     compute_dtype: str = "float32"
     # Language models (runner.task sft | reasoning). ``path``: "" builds a fresh model of the
     # lm_* sizes below (the offline tiny character-level model); otherwise a run folder or
@@ -133,8 +134,9 @@ class PolicyConfig:
     # from dtype; "" = dtype. Mixed precision is dtype=bfloat16 param_dtype=float32 (torch's
     # autocast): products in bfloat16, updates accumulated in float32.
     param_dtype: str = ""
-    # Language models: the backend of every matrix product. "xla" (XLA's own, any platform)
-    # or "mkl": Intel MKL through a CPU custom call (pip install -e ".[mkl]" and a C++
+    # Language models and the off-policy family's actor and critics: the backend of every
+    # matrix product. "xla" (XLA's own, any platform) or "mkl": Intel MKL through a CPU
+    # custom call (pip install -e ".[mkl]" and a C++
     # compiler; one device; dtype float32 or bfloat16). On CPUs with AMX tiles MKL's bfloat16
     # products run several times faster than XLA's, which run slower than its float32 ones.
     matmul: str = "xla"

@@ -8,8 +8,8 @@ parity (``benchmarks/train_step_vs_torch.py --matmul mkl``).
 The kernel (``mkl_products.cc``) is compiled on first use with the system's C++ compiler
 against the MKL that ``pip install -e ".[mkl]"`` puts in this Python's prefix, and cached
 under ``$RLINF_JAX_KERNEL_CACHE`` (default ``~/.cache/rlinf_jax/kernels``), keyed by the
-source, the JAX version and the MKL library, so later runs only load it. MKL picks its own
-thread count (``MKL_NUM_THREADS`` sets it).
+source, the JAX version, the MKL library and the CPU's features, so later runs only load
+it. MKL runs one thread per product unless ``MKL_NUM_THREADS`` says otherwise (`register`).
 """
 
 from __future__ import annotations
@@ -92,8 +92,17 @@ def build() -> Path:
 
 @functools.cache
 def register() -> None:
-    """Builds (or loads) the kernel and registers its custom-call targets, once per process."""
+    """Builds (or loads) the kernel and registers its custom-call targets, once per process.
+
+    MKL then runs each product on one thread unless ``MKL_NUM_THREADS`` says otherwise: XLA
+    already runs independent operations side by side on its own threads, and MKL's threads
+    competing with them made the SAC trainer 24% slower on the 2-core CPU (0.99 against
+    1.30 of Brax's env steps/s, ``benchmarks/sac_vs_brax.py --matmul mkl --compute-dtype
+    bfloat16``).
+    """
     lib = ctypes.cdll.LoadLibrary(str(build()))
+    if not os.environ.get("MKL_NUM_THREADS"):
+        ctypes.CDLL(str(_mkl_files()[1])).MKL_Set_Num_Threads(ctypes.c_int(1))  # the C entry point
     for target, symbol in _TARGETS.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
 

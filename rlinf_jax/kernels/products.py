@@ -16,8 +16,10 @@ from rlinf_jax.kernels import mkl
 BACKENDS = ("xla", "mkl")
 
 
-def check_backend(backend: str, dtype) -> None:
-    """Raises `BadInput` unless ``backend`` can run products in ``dtype`` here."""
+def check_backend(backend: str, dtype, num_devices: int = 1) -> None:
+    """Raises `BadInput` unless ``backend`` can run products in ``dtype`` here, for a run on
+    ``num_devices`` devices (building the MKL kernel now, when it is asked for and not yet
+    cached, so that a run fails before it builds anything else)."""
     if backend not in BACKENDS:
         raise BadInput(f"actor.model.matmul={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
     if backend == "xla":
@@ -25,6 +27,11 @@ def check_backend(backend: str, dtype) -> None:
     if jnp.dtype(dtype).name not in mkl.DTYPES:
         raise BadInput(f"actor.model.matmul=mkl computes in {' or '.join(mkl.DTYPES)}, not {jnp.dtype(dtype).name}; "
                        "set actor.model.dtype to one of them, or actor.model.matmul=xla")
+    if num_devices > 1:
+        raise BadInput(
+            f"actor.model.matmul={backend} runs its custom call on one device, and this run uses {num_devices}: "
+            "set cluster.num_devices=1, or actor.model.matmul=xla"
+        )
     if jax.default_backend() != "cpu":
         raise BadInput(f"actor.model.matmul=mkl runs on CPUs; this run's platform is {jax.default_backend()}: "
                        "set actor.model.matmul=xla")

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlinf_jax import kernels
+
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import distributions as dist
 
@@ -34,22 +36,35 @@ def get_activation(name: str):
 
 class MLP(nnx.Module):
     """Dense layers; ``dtype`` is the compute dtype (float32 parameters either way), and the
-    output is float32 whatever it is."""
+    output is float32 whatever it is.
 
-    def __init__(self, sizes: Sequence[int], activation, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    ``matmul`` other than ``xla`` (`rlinf_jax.kernels`) runs each layer's product through that
+    backend in ``dtype``, accumulated and returned in float32; biases and activations then
+    stay float32.
+    """
+
+    def __init__(self, sizes: Sequence[int], activation, *, rngs: nnx.Rngs, dtype=jnp.float32, matmul: str = "xla"):
         init = nnx.initializers.lecun_uniform()
         self.layers = nnx.List([
             nnx.Linear(a, b, kernel_init=init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
             for a, b in zip(sizes[:-1], sizes[1:])
         ])
         self.activation = activation
+        self.dtype, self.matmul = dtype, matmul
 
     def __call__(self, x):
+        lead = x.shape[:-1]
+        if self.matmul != "xla":
+            x = x.reshape(-1, x.shape[-1])
         for i, layer in enumerate(self.layers):
-            x = layer(x)
+            if self.matmul == "xla":
+                x = layer(x)
+            else:
+                kernel = layer.kernel[...].astype(self.dtype)
+                x = kernels.matmul(x.astype(self.dtype), kernel, self.matmul) + layer.bias[...]
             if i < len(self.layers) - 1:
                 x = self.activation(x)
-        return x.astype(jnp.float32)
+        return x.astype(jnp.float32).reshape(*lead, -1)
 
 
 class ActorCritic(nnx.Module):

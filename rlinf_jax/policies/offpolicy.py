@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rlinf_jax import kernels
 from rlinf_jax.policies import distributions as dist
 from rlinf_jax.policies.mlp import MLP, get_activation
 
@@ -29,15 +30,26 @@ def _member_init():
 
 
 class EnsembleLinear(nnx.Module):
-    """``N`` independent dense layers: ``[N, B, in] -> [N, B, out]`` (or ``[B, in]`` shared)."""
+    """``N`` independent dense layers: ``[N, B, in] -> [N, B, out]`` (or ``[B, in]`` shared).
 
-    def __init__(self, num: int, in_features: int, out_features: int, *, rngs: nnx.Rngs):
+    ``dtype`` / ``matmul``: the products' compute dtype and backend (`rlinf_jax.kernels`),
+    accumulated in float32; parameters, bias and output stay float32.
+    """
+
+    def __init__(self, num: int, in_features: int, out_features: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 matmul: str = "xla"):
         self.kernel = nnx.Param(_member_init()(rngs.params(), (num, in_features, out_features)))
         self.bias = nnx.Param(jnp.zeros((num, 1, out_features)))
+        self.dtype, self.matmul = dtype, matmul
 
     def __call__(self, x):
-        spec = "bi,nio->nbo" if x.ndim == 2 else "nbi,nio->nbo"
-        return jnp.einsum(spec, x, self.kernel[...]) + self.bias[...]
+        kernel = self.kernel[...]
+        if self.matmul == "xla" and jnp.dtype(self.dtype) == jnp.float32:
+            spec = "bi,nio->nbo" if x.ndim == 2 else "nbi,nio->nbo"
+            return jnp.einsum(spec, x, kernel) + self.bias[...]
+        if x.ndim == 2:
+            x = jnp.broadcast_to(x[None], (kernel.shape[0], *x.shape))
+        return kernels.matmul(x.astype(self.dtype), kernel.astype(self.dtype), self.matmul) + self.bias[...]
 
 
 class EnsembleLayerNorm(nnx.Module):
@@ -100,12 +112,13 @@ class QEnsemble(nnx.Module):
 
     def __init__(self, obs_size: int, action_size: int, hidden_sizes: Sequence[int], num: int = 2,
                  activation: str = "relu", norm: str = "none", renorm_momentum: float = 0.99,
-                 renorm_warmup: int = 100_000, *, rngs: nnx.Rngs):
+                 renorm_warmup: int = 100_000, *, rngs: nnx.Rngs, dtype=jnp.float32, matmul: str = "xla"):
         if norm not in ("none", "layer", "batch_renorm"):
             raise ValueError(f"unknown critic normalisation {norm!r}")
         sizes = [obs_size + action_size, *hidden_sizes]
-        self.layers = nnx.List([EnsembleLinear(num, a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
-        self.out = EnsembleLinear(num, sizes[-1], 1, rngs=rngs)
+        kw = {"rngs": rngs, "dtype": dtype, "matmul": matmul}
+        self.layers = nnx.List([EnsembleLinear(num, a, b, **kw) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.out = EnsembleLinear(num, sizes[-1], 1, **kw)
         self.norm, self.num = norm, num
         self.activation = get_activation(activation)
         if norm == "layer":
@@ -136,8 +149,9 @@ class SquashedGaussianActor(nnx.Module):
     action box (scale = softplus(raw) + min_std, Brax's parametrisation)."""
 
     def __init__(self, obs_size: int, action_size: int, hidden_sizes: Sequence[int], activation: str = "relu",
-                 min_std: float = 0.001, *, rngs: nnx.Rngs):
-        self.net = MLP([obs_size, *hidden_sizes, 2 * action_size], get_activation(activation), rngs=rngs)
+                 min_std: float = 0.001, *, rngs: nnx.Rngs, dtype=jnp.float32, matmul: str = "xla"):
+        self.net = MLP([obs_size, *hidden_sizes, 2 * action_size], get_activation(activation), rngs=rngs,
+                       dtype=dtype, matmul=matmul)
         self.min_std = min_std
 
     def __call__(self, obs):

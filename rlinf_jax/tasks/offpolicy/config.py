@@ -6,9 +6,10 @@ import math
 from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.kernels import BACKENDS
 from rlinf_jax.policies.mlp import ACTIVATIONS
 from rlinf_jax.envs.host.suite import is_host_suite
-from rlinf_jax.tasks.embodied.config import ENV, HOST
+from rlinf_jax.tasks.embodied.config import COMPUTE_DTYPES, ENV, HOST
 
 ALGORITHMS = ("sac", "crossq", "rlpd", "iql")
 # The algorithms that read a dataset of transitions (algorithm.demo_path).
@@ -18,7 +19,7 @@ CRITIC_NORMS = ("none", "layer", "batch_renorm")
 COMMON = {"runner.*", "cluster.*", "flow.*", "algorithm.name"}
 MODEL = {
     "actor.model.kind", "actor.model.policy_hidden_sizes", "actor.model.value_hidden_sizes",
-    "actor.model.activation", "actor.model.min_std",
+    "actor.model.activation", "actor.model.min_std", "actor.model.compute_dtype", "actor.model.matmul",
 }
 OPTIM = {"actor.optim.lr", "actor.optim.critic_lr", "actor.optim.max_grad_norm", "actor.optim.b1"}
 LOOP = {
@@ -72,6 +73,9 @@ def check(cfg: Config) -> None:
     _require(m.kind == "mlp", f"actor.model.kind={m.kind!r}: the off-policy family trains MLP policies on flat observations; set mlp")
     _require(m.activation in ACTIVATIONS, f"actor.model.activation={m.activation!r} is unknown; choose one of {', '.join(ACTIVATIONS)}")
     _require(cfg.env.suite != "tabletop", "the off-policy family needs flat observations; the tabletop's are images")
+    _require(m.compute_dtype in COMPUTE_DTYPES,
+             f"actor.model.compute_dtype={m.compute_dtype!r} is unknown; choose one of {', '.join(COMPUTE_DTYPES)}")
+    _require(m.matmul in BACKENDS, f"actor.model.matmul={m.matmul!r} is unknown; choose one of {', '.join(BACKENDS)}")
     for key in ("utd_ratio", "batch_size", "num_q", "num_min_q", "policy_delay"):
         _require(getattr(a, key) >= 1, f"algorithm.{key}={getattr(a, key)} must be >= 1")
     _require(

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from rlinf_jax import kernels
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.envs.base import Env
@@ -21,6 +23,7 @@ from rlinf_jax.flow.optim import clipped_adam
 from rlinf_jax.policies.offpolicy import QEnsemble, SquashedGaussianActor, ValueMLP
 from rlinf_jax.replay import ReplayBuffer, TransitionBatch, read_transitions
 from rlinf_jax.runtime.distributed import local_devices_first
+from rlinf_jax.sharding import resolve_num_devices
 from rlinf_jax.tasks.offpolicy.learner import Learner, Settings
 
 
@@ -93,11 +96,14 @@ def make_setup(cfg: Config) -> OffPolicySetup:
             raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
     a, m = cfg.algorithm, cfg.actor.model
     obs_size, act_size = env.observation_size, env.action_size
+    compute = {"dtype": jnp.dtype(m.compute_dtype), "matmul": m.matmul}
+    kernels.check_backend(m.matmul, m.compute_dtype, resolve_num_devices(cfg.cluster.num_devices))
     rngs = nnx.Rngs(cfg.runner.seed)
-    actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs)
+    actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs,
+                                  **compute)
     critic = QEnsemble(
         obs_size, act_size, m.value_hidden_sizes, a.num_q, m.activation, a.critic_norm, a.renorm_momentum,
-        a.renorm_warmup, rngs=rngs,
+        a.renorm_warmup, rngs=rngs, **compute,
     )
     actor_graph, actor_params = nnx.split(actor)
     critic_graph, critic_params, critic_stats = nnx.split(critic, nnx.Param, nnx.BatchStat)

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlinf_jax import kernels
 
 from rlinf_jax.config.schema import Config, PolicyConfig
 from rlinf_jax.errors import BadInput
@@ -76,17 +75,6 @@ def with_settings(model: CausalLM, param_dtype, matmul: str) -> CausalLM:
         model.param_dtype = param_dtype
     set_matmul(model, matmul)
     return model
-
-
-def check_matmul(m: PolicyConfig, num_devices: int) -> None:
-    """``actor.model.matmul`` can run on this machine and this run's devices (compiling the
-    MKL kernel now, before any model is built, when it is asked for and not yet cached)."""
-    kernels.check_backend(m.matmul, parse_dtype(m.dtype))
-    if m.matmul != "xla" and num_devices > 1:
-        raise BadInput(
-            f"actor.model.matmul={m.matmul} runs its custom call on one device, and this run uses {num_devices}: "
-            "set cluster.num_devices=1, or actor.model.matmul=xla"
-        )
 
 
 def _load(cfg: Config, m: PolicyConfig, dtype, param_dtype, seed) -> LoadedLM:

@@ -11,10 +11,12 @@ import jax
 import optax
 from flax import nnx
 
+from rlinf_jax import kernels
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptDataset, PromptLoader, build_datasets, run_tokenizer
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.policies.lm import LMConfig
+from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype
 from rlinf_jax.policies.lm.lora import LoRA
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rewards.split import SplitRewards
@@ -22,7 +24,7 @@ from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_to
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.sharding.mesh import fetch
-from rlinf_jax.tasks.sft.lm_model import check_matmul, checkpoint_meta, load_policy
+from rlinf_jax.tasks.sft.lm_model import checkpoint_meta, load_policy
 
 
 @dataclass
@@ -52,7 +54,7 @@ def make_lm_setup(cfg: Config, sampler_mesh, rules, num_devices: int) -> LMSetup
     tokenizer, LoRA adapters when ``actor.model.lora_rank`` > 0, the sampler on
     ``sampler_mesh`` and the reward function of ``reward``."""
     train_ds, eval_ds = build_datasets(cfg.data)
-    check_matmul(cfg.actor.model, num_devices)
+    kernels.check_backend(cfg.actor.model.matmul, parse_dtype(cfg.actor.model.dtype), num_devices)
     loaded = load_policy(cfg)
     tokenizer = run_tokenizer(cfg.data.tokenizer, loaded.model.config.vocab_size)
     graphdef, policy = nnx.split(loaded.model)
