@@ -80,10 +80,10 @@ import torch
 from flax import nnx
 
 from rlinf_jax import kernels
+from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import from_pretrained, set_matmul
 from rlinf_jax.policies.lm.logprobs import token_logprobs
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
-from rlinf_jax.errors import BadInput
 
 ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 

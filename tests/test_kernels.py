@@ -207,6 +207,7 @@ def _sac_steps(extra, steps=3):
     state = trainer.initial_state(cfg, setup, setup.learner, key, env_state,
                                   trainer.empty_replay(setup.learner, setup, env_state.obs, act))
     rng = np.random.default_rng(0)
+    step = jax.jit(lambda s, b, k: lib.sac_step(setup.learner, s, b, k))
     losses = []
     for i in range(steps):
         batch = TransitionBatch(
@@ -216,8 +217,7 @@ def _sac_steps(extra, steps=3):
             next_obs=jnp.asarray(rng.normal(size=(32, obs)), jnp.float32),
             terminated=jnp.zeros((32,), jnp.float32),
         )
-        state, _, metrics = jax.jit(lambda s, b, k: lib.sac_step(setup.learner, s, b, k))(
-            state, batch, jax.random.PRNGKey(i))
+        state, _, metrics = step(state, batch, jax.random.PRNGKey(i))
         losses.append(float(metrics["train/critic_loss"]))
     return np.array(losses), state
 

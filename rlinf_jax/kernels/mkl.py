@@ -80,8 +80,8 @@ def build() -> Path:
     # half-written library.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", f"-I{include}",
-           str(SOURCE), "-o", tmp, str(lib), f"-Wl,-rpath,{lib.parent}"]
+    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
+           f"-I{include}", str(SOURCE), "-o", tmp, str(lib), f"-Wl,-rpath,{lib.parent}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         os.unlink(tmp)

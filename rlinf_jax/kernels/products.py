@@ -16,12 +16,17 @@ from rlinf_jax.kernels import mkl
 BACKENDS = ("xla", "mkl")
 
 
+def check_name(backend: str) -> None:
+    """Raises `BadInput` unless ``backend`` names a backend (a config check: builds nothing)."""
+    if backend not in BACKENDS:
+        raise BadInput(f"actor.model.matmul={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+
+
 def check_backend(backend: str, dtype, num_devices: int = 1) -> None:
     """Raises `BadInput` unless ``backend`` can run products in ``dtype`` here, for a run on
     ``num_devices`` devices (building the MKL kernel now, when it is asked for and not yet
     cached, so that a run fails before it builds anything else)."""
-    if backend not in BACKENDS:
-        raise BadInput(f"actor.model.matmul={backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    check_name(backend)
     if backend == "xla":
         return
     if jnp.dtype(dtype).name not in mkl.DTYPES:

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax import kernels
-
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import distributions as dist
 

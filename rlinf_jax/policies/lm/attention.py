@@ -20,7 +20,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax import kernels
-
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, RMSNorm, apply_rope
 

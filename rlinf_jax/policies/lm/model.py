@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax import kernels
-
 from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables

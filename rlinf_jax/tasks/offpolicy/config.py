@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+
+from rlinf_jax import kernels
 from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.kernels import BACKENDS
 from rlinf_jax.policies.mlp import ACTIVATIONS
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.tasks.embodied.config import COMPUTE_DTYPES, ENV, HOST
@@ -75,7 +76,7 @@ def check(cfg: Config) -> None:
     _require(cfg.env.suite != "tabletop", "the off-policy family needs flat observations; the tabletop's are images")
     _require(m.compute_dtype in COMPUTE_DTYPES,
              f"actor.model.compute_dtype={m.compute_dtype!r} is unknown; choose one of {', '.join(COMPUTE_DTYPES)}")
-    _require(m.matmul in BACKENDS, f"actor.model.matmul={m.matmul!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    kernels.check_name(m.matmul)
     for key in ("utd_ratio", "batch_size", "num_q", "num_min_q", "policy_delay"):
         _require(getattr(a, key) >= 1, f"algorithm.{key}={getattr(a, key)} must be >= 1")
     _require(

@@ -8,14 +8,15 @@ from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data.math_tasks import check_levels
 from rlinf_jax.errors import BadInput
-from rlinf_jax.kernels import BACKENDS
+from rlinf_jax import kernels
 from rlinf_jax.policies.lm import SUPPORTED_MODEL_TYPES
 from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype
 from rlinf_jax.tasks.embodied import config as embodied
 
 # A language model, as a reasoning run reads it too.
 LM_MODEL = {
-    "actor.model.path", "actor.model.dtype", "actor.model.param_dtype", "actor.model.matmul", "actor.model.lora_rank", "actor.model.lora_alpha",
+    "actor.model.path", "actor.model.dtype", "actor.model.param_dtype", "actor.model.matmul",
+    "actor.model.lora_rank", "actor.model.lora_alpha",
     "actor.model.lm_vocab_size", "actor.model.lm_tie_word_embeddings", *embodied.LM_SIZES,
 }
 LM_OPTIM = {
@@ -74,7 +75,7 @@ def check_lm(cfg: Config) -> None:
             parse_dtype(getattr(m, key))
         except BadInput as e:
             raise BadInput(f"actor.model.{key}: {e}") from None
-    _require(m.matmul in BACKENDS, f"actor.model.matmul={m.matmul!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    kernels.check_name(m.matmul)
     _require(
         m.lm_model_type in SUPPORTED_MODEL_TYPES,
         f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}",

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-
 from rlinf_jax.config.schema import Config, PolicyConfig
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import CausalLM, LMConfig, from_pretrained, load_converted, set_matmul
