@@ -18,6 +18,7 @@ line is JSON with ``ratio`` = Brax's ms per step / ours (higher is better for us
 
     python benchmarks/sac_grad_step.py
     python benchmarks/sac_grad_step.py --cpus 0
+    python benchmarks/sac_grad_step.py --matmul mkl --compute-dtype bfloat16
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--cpus", default="", help="pin to these cores first, e.g. 0 or 0,1")
+    p.add_argument("--matmul", choices=["xla", "mkl"], default="xla",
+                   help="our actor's and critics' product backend (actor.model.matmul; mkl: the mkl extra)")
+    p.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="our products' dtype (actor.model.compute_dtype); Brax's stay float32")
+    p.add_argument("--profile", default="", help="write a jax.profiler trace of our step, and its compiled HLO, to this folder")
     return p.parse_args(argv)
 
 
@@ -44,6 +50,7 @@ def main(argv=None) -> int:
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     import jax
+    if os.environ.get("UNROLL"): exec(open("/tmp/unroll_patch.py").read())
     import jax.numpy as jnp
     import numpy as np
     import optax
@@ -60,7 +67,9 @@ def main(argv=None) -> int:
 
     n, b = args.steps, args.batch_size
     cfg = load_run_config("sac_brax", ["runner.progress_bar=false", "runner.tensorboard=false",
-                                       "algorithm.target_entropy_per_dim=-0.5", f"algorithm.batch_size={b}"])
+                                       "algorithm.target_entropy_per_dim=-0.5", f"algorithm.batch_size={b}",
+                                       f"actor.model.matmul={args.matmul}",
+                                       f"actor.model.compute_dtype={args.compute_dtype}"])
     setup = make_setup(cfg)
     learner = setup.learner
     obs_size, act_size = setup.env.observation_size, setup.env.action_size
@@ -151,12 +160,19 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[name].append(time.perf_counter() - t0)
+    if args.profile:
+        jax.profiler.start_trace(args.profile)
+        jax.block_until_ready(sides["ours"]())
+        jax.profiler.stop_trace()
+        # The compiled program beside the trace: its op names are the trace's.
+        with open(os.path.join(args.profile, "ours.hlo.txt"), "w") as f:
+            f.write(ours.lower(state, batches, key).compile().as_text())
     ms = {name: round(statistics.median(t) / n * 1e3, 4) for name, t in times.items()}
     for name, v in ms.items():
         print(f"{name:>20s}: {v:.3f} ms per gradient step")
     cpus = sorted(os.sched_getaffinity(0))
     print(json.dumps({"benchmark": "sac_grad_step", "cpus": cpus, "batch_size": b, "steps": n,
-                      "repeats": args.repeats, "ms_per_step": ms, "ratio": round(ms["brax"] / ms["ours"], 3)}))
+                      "repeats": args.repeats, "matmul": args.matmul, "compute_dtype": args.compute_dtype, "ms_per_step": ms, "ratio": round(ms["brax"] / ms["ours"], 3)}))
     return 0
 
 

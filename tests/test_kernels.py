@@ -68,6 +68,62 @@ def test_mkl_products_and_gradients_equal_xla(dtype, shape_a, shape_b, trans_b):
 
 
 @needs_mkl
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_float32_operands_of_a_bfloat16_product(trans_b, lead):
+    """Float32 operands with ``compute_dtype=bfloat16`` (a float32 weight, rounded by the
+    kernel library) give what XLA gives for the operands rounded first: the same product,
+    and gradients in float32 that equal XLA's products of the rounded operands."""
+    a, b = _operands((*lead, 33, 40), (*lead, 24, 40) if trans_b else (*lead, 40, 24), jnp.float32, seed=3)
+    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    ours = kernels.matmul(a, b, "mkl", trans_b=trans_b, compute_dtype=jnp.bfloat16)
+    ref = kernels.matmul(a16, b16, "xla", trans_b=trans_b)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kernels.matmul(a, b, "xla", trans_b=trans_b, compute_dtype=jnp.bfloat16), ref,
+                               rtol=1e-5, atol=1e-5)
+
+    w = jax.random.normal(jax.random.key(5), ref.shape)
+    got = jax.grad(lambda x, y: jnp.sum(kernels.matmul(x, y, "mkl", trans_b=trans_b, compute_dtype=jnp.bfloat16)
+                                        * w), argnums=(0, 1))(a, b)
+    # The backward products read the rounded operands and the rounded output gradient.
+    w16, f = w.astype(jnp.bfloat16).astype(jnp.float32), jnp.float32
+    a_r, b_r = a16.astype(f), b16.astype(f)
+    want_a = w16 @ (b_r if trans_b else jnp.swapaxes(b_r, -1, -2))
+    want_b = jnp.swapaxes(w16, -1, -2) @ a_r if trans_b else jnp.swapaxes(a_r, -1, -2) @ w16
+    for g, r in zip(got, (want_a, want_b)):
+        assert g.dtype == jnp.float32 and g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+@needs_mkl
+def test_round_bf16_equals_xlas_convert():
+    """The kernel library's rounding is XLA's: to nearest, ties to even, infinities kept,
+    NaNs NaN, subnormals and the largest floats included; lengths off the vector width."""
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-42, 3.4e38, -3.4e38,
+                         1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-9], np.float32)
+    rng = np.random.default_rng(0)
+    for x in (specials, rng.normal(size=(37,)).astype(np.float32) * 1e3, rng.normal(size=(4, 129)).astype(np.float32)):
+        got = np.asarray(jax.jit(mkl.round_bf16)(jnp.asarray(x)), np.float32)
+        want = np.asarray(jnp.asarray(x).astype(jnp.bfloat16), np.float32)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+@needs_mkl
+@pytest.mark.parametrize("bias_shape", [(6,), (2, 1, 6)])
+def test_bias_gradient_through_mkl_is_the_column_sum(bias_shape):
+    """`kernels.add_bias`'s bias gradient (a product with a row of ones) against a numpy sum."""
+    y = jax.random.normal(jax.random.key(6), (2, 9, 6))
+    bias = jax.random.normal(jax.random.key(7), bias_shape)
+    g = np.asarray(jax.random.normal(jax.random.key(8), y.shape))
+    _, vjp = jax.vjp(lambda y, b: kernels.add_bias(y, b, "mkl"), y, bias)
+    dy, db = vjp(jnp.asarray(g))
+    np.testing.assert_array_equal(dy, g)
+    want = g.sum(axis=(0, 1)) if len(bias_shape) == 1 else g.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(db, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_mkl
 def test_mkl_products_under_vmap_and_jit():
     a, b = _operands((3, 4, 5), (3, 5, 2), jnp.float32)
     ours = jax.jit(jax.vmap(lambda x, y: kernels.matmul(x, y, "mkl")))(a, b)

@@ -198,15 +198,18 @@ def test_tied_logits_gradients_equal_autodiffs():
 def test_swiglu_and_bias_gradients_equal_autodiffs():
     """The MLP's ``silu(gate) * up`` and the dense layers' bias add carry hand-written
     backward passes (for XLA CPU's fusions); their values and gradients are autodiff's of
-    the plain expressions, in float32 and in bfloat16 compute."""
-    from rlinf_jax.policies.lm.layers import add_bias
+    the plain expressions, in float32 and in bfloat16 compute; the bias add also in its
+    per-member form (``[N, rows, F] + [N, 1, F]``, the off-policy ensembles)."""
+    from rlinf_jax.kernels import add_bias
     from rlinf_jax.policies.lm.model import swiglu
 
     key = jax.random.key(4)
     gate, up, w = (jax.random.normal(jax.random.fold_in(key, i), (24, 16)) * 3 for i in range(3))
     bias = jax.random.normal(jax.random.fold_in(key, 3), (16,))
     plain_swiglu = lambda g, u: (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(u.dtype)  # noqa: E731
-    pairs = [(swiglu, plain_swiglu, (gate, up)), (add_bias, lambda y, b: y + b, (gate, bias))]
+    members = gate.reshape(2, 12, 16), bias.reshape(2, 1, 8).repeat(2, axis=-1)
+    pairs = [(swiglu, plain_swiglu, (gate, up)), (add_bias, lambda y, b: y + b, (gate, bias)),
+             (add_bias, lambda y, b: y + b, members)]
     for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 0.05)):
         for ours, plain, args in pairs:
             args = tuple(a.astype(dtype) for a in args)
@@ -214,7 +217,7 @@ def test_swiglu_and_bias_gradients_equal_autodiffs():
                                        rtol=tol)
 
             def grads(f):
-                loss = lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32)) * w)  # noqa: E731
+                loss = lambda *a: jnp.sum(jnp.sin(f(*a).astype(jnp.float32)).reshape(w.shape) * w)  # noqa: E731
                 return jax.grad(loss, argnums=(0, 1))(*args)
 
             for got, want in zip(grads(ours), grads(plain)):

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from rlinf_jax.errors import BadInput
 
 SOURCE = Path(__file__).with_name("mkl_products.cc")
-_TARGETS = {"mkl_gemm_f32": "MklGemmF32", "mkl_gemm_bf16": "MklGemmBf16"}
+_TARGETS = {"mkl_gemm_f32": "MklGemmF32", "mkl_gemm_bf16": "MklGemmBf16", "rlinf_round_bf16": "RoundBf16"}
 # The compute dtypes the kernel has a product for.
 DTYPES = ("float32", "bfloat16")
 _INSTALL = 'pip install -e ".[mkl]" (or pip install mkl mkl-include)'
@@ -107,37 +107,64 @@ def register() -> None:
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
 
 
-def _call(a, b, trans_a: bool, trans_b: bool, out_dtype=jnp.float32):
-    """``op(a) @ op(b)`` accumulated in float32 and returned in ``out_dtype`` (float32 or
-    bfloat16): 2-D operands, or 3-D with one product per leading index."""
+def _call(a, b, trans_a: bool, trans_b: bool, out_dtype, compute_dtype):
+    """``op(a) @ op(b)`` computed in ``compute_dtype``, accumulated in float32 and returned in
+    ``out_dtype`` (float32 or bfloat16): 2-D operands, or 3-D with one product per leading
+    index. For a bfloat16 product either operand may be float32: the kernel rounds it."""
     register()
     rows = a.shape[-1] if trans_a else a.shape[-2]
     cols = b.shape[-2] if trans_b else b.shape[-1]
-    target = "mkl_gemm_bf16" if a.dtype == jnp.bfloat16 else "mkl_gemm_f32"
+    target = "mkl_gemm_bf16" if jnp.dtype(compute_dtype) == jnp.bfloat16 else "mkl_gemm_f32"
     out = jax.ShapeDtypeStruct((*a.shape[:-2], rows, cols), out_dtype)
     call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
     return call(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def mkl_matmul(a, b, trans_b: bool = False, out_dtype=jnp.float32):
-    """``a @ b`` (``a @ b.T`` with ``trans_b``) through MKL, accumulated in float32 and
-    returned in ``out_dtype``; ``a`` and ``b`` share a dtype (float32 or bfloat16) and are
-    2-D, or 3-D with a shared leading batch axis. Gradients come out in the operands' dtype."""
-    return _call(a, b, False, trans_b, out_dtype)
+def round_bf16(x):
+    """``x.astype(bfloat16)`` of a float32 array, in one pass of the kernel library's
+    vectorised rounding (the same rounding as XLA's convert, which runs as a scalar loop)."""
+    register()
+    return jax.ffi.ffi_call("rlinf_round_bf16", jax.ShapeDtypeStruct(x.shape, jnp.bfloat16),
+                            vmap_method="broadcast_all")(x)
 
 
-def _matmul_fwd(a, b, trans_b, out_dtype):
-    return mkl_matmul(a, b, trans_b, out_dtype), (a, b)
+def _rounded_weight(b, compute):
+    # A float32 weight of a bfloat16 product is rounded once by its own call, which XLA's
+    # common-subexpression pass shares between every product that reads the same weight in
+    # a program (a forward and its backward, two losses reading one critic), rather than in
+    # each product's kernel.
+    return round_bf16(b) if jnp.dtype(compute) == jnp.bfloat16 and b.dtype == jnp.float32 else b
 
 
-def _matmul_bwd(trans_b, out_dtype, residuals, g):
-    a, b = residuals
-    g = g.astype(a.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def mkl_matmul(a, b, trans_b: bool = False, out_dtype=jnp.float32, compute_dtype=None):
+    """``a @ b`` (``a @ b.T`` with ``trans_b``) through MKL in ``compute_dtype`` (float32 or
+    bfloat16; None: ``a``'s dtype), accumulated in float32 and returned in ``out_dtype``.
+
+    ``a`` and ``b`` are 2-D, or 3-D with a shared leading batch axis. They are in the compute
+    dtype, or float32 for a bfloat16 product: a float32 weight is then rounded inside the
+    kernel, which spares XLA a convert of it on every use. Gradients come out in the
+    operands' dtypes, computed in the same dtype as the forward product.
+    """
+    compute = compute_dtype or a.dtype
+    return _call(a, _rounded_weight(b, compute), False, trans_b, out_dtype, compute)
+
+
+def _matmul_fwd(a, b, trans_b, out_dtype, compute_dtype):
+    compute = compute_dtype or a.dtype
+    b_c = _rounded_weight(b, compute)
+    return _call(a, b_c, False, trans_b, out_dtype, compute), (a, b, b_c)
+
+
+def _matmul_bwd(trans_b, out_dtype, compute_dtype, residuals, g):
+    a, b, b_c = residuals  # b_c: b in the compute dtype
+    compute = compute_dtype or a.dtype
+    if jnp.dtype(compute) == jnp.float32:
+        g = g.astype(jnp.float32)
     if trans_b:  # y = a b^T: da = g b, db = g^T a
-        return _call(g, b, False, False, a.dtype), _call(g, a, True, False, b.dtype)
+        return _call(g, b_c, False, False, a.dtype, compute), _call(g, a, True, False, b.dtype, compute)
     # y = a b: da = g b^T, db = a^T g
-    return _call(g, b, False, True, a.dtype), _call(a, g, True, False, b.dtype)
+    return _call(g, b_c, False, True, a.dtype, compute), _call(a, g, True, False, b.dtype, compute)
 
 
 mkl_matmul.defvjp(_matmul_fwd, _matmul_bwd)

@@ -7,12 +7,15 @@
 // op() transposes when the attribute trans_a / trans_b is set. MKL reads a transposed
 // operand in place, which is why the backward products need no copies. The bfloat16
 // variant calls cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them
-// (XLA's own CPU bfloat16 products do not).
+// (XLA's own CPU bfloat16 products do not). It takes each operand in bfloat16 or float32:
+// a float32 operand (a weight kept in float32, a float32 gradient) is rounded here, into a
+// scratch buffer, which costs far less than a separate XLA convert of it (see Round).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "mkl_cblas.h"
@@ -73,8 +76,24 @@ void Round(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = ToBf16(src[i]);
 }
 
-template <ffi::DataType T, typename Elem>
-ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::AnyBuffer> y, bool trans_a, bool trans_b) {
+// The operand's elements as Elem: the buffer itself, or for a float32 buffer of a bfloat16
+// product its elements rounded into `scratch`. nullptr: a dtype the product does not take.
+template <typename Elem>
+const Elem* AsElem(const ffi::AnyBuffer& x, std::vector<uint16_t>& scratch) {
+  const auto type = x.element_type();
+  if constexpr (std::is_same_v<Elem, float>) {
+    return type == ffi::DataType::F32 ? reinterpret_cast<const float*>(x.untyped_data()) : nullptr;
+  } else {
+    if (type == ffi::DataType::BF16) return reinterpret_cast<const uint16_t*>(x.untyped_data());
+    if (type != ffi::DataType::F32) return nullptr;
+    scratch.resize(x.element_count());
+    Round(reinterpret_cast<const float*>(x.untyped_data()), scratch.data(), static_cast<int64_t>(x.element_count()));
+    return scratch.data();
+  }
+}
+
+template <typename Elem>
+ffi::Error Products(ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> y, bool trans_a, bool trans_b) {
   const Operand A = Shape(a, trans_a), B = Shape(b, trans_b);
   if (A.cols != B.rows || A.batch != B.batch) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "mkl gemm: operand shapes do not chain");
@@ -84,10 +103,16 @@ ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::AnyBuff
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "mkl gemm: the result is float32 or bfloat16");
   }
   const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  const Elem* pa = reinterpret_cast<const Elem*>(a.untyped_data());
-  const Elem* pb = reinterpret_cast<const Elem*>(b.untyped_data());
   const int64_t M = A.rows, K = A.cols, N = B.cols;
   if (M == 0 || N == 0) return ffi::Error::Success();
+  // Per thread: XLA may run two products at once on its own threads.
+  static thread_local std::vector<uint16_t> rounded_a, rounded_b;
+  const Elem* pa = AsElem<Elem>(a, rounded_a);
+  const Elem* pb = AsElem<Elem>(b, rounded_b);
+  if (pa == nullptr || pb == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "mkl gemm: operands are float32, or for a bfloat16 product bfloat16 or float32");
+  }
   // A bfloat16 result is accumulated in float32 and rounded once: the same numbers as a
   // float32 result converted by XLA. It is made a block of rows at a time, each block
   // rounded while it is still in cache (a separate pass over the whole float32 result cost
@@ -111,15 +136,26 @@ ffi::Error Products(ffi::Buffer<T> a, ffi::Buffer<T> b, ffi::Result<ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// float32 -> bfloat16 of a whole array (Round): a weight rounded once per program for all
+// the bfloat16 products that read it, at AVX512-BF16's rate, where XLA's own convert is a
+// scalar loop.
+ffi::Error RoundArray(ffi::Buffer<ffi::DataType::F32> x, ffi::Result<ffi::Buffer<ffi::DataType::BF16>> y) {
+  Round(x.typed_data(), reinterpret_cast<uint16_t*>(y->untyped_data()), static_cast<int64_t>(x.element_count()));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
-#define RLINF_MKL_HANDLER(name, T, Elem)                                                           \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (Products<T, Elem>), ffi::Ffi::Bind()                        \
-                                                               .Arg<ffi::Buffer<T>>()              \
-                                                               .Arg<ffi::Buffer<T>>()              \
-                                                               .Ret<ffi::AnyBuffer>()              \
-                                                               .Attr<bool>("trans_a")              \
-                                                               .Attr<bool>("trans_b"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RoundBf16, RoundArray,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::DataType::F32>>().Ret<ffi::Buffer<ffi::DataType::BF16>>());
 
-RLINF_MKL_HANDLER(MklGemmF32, ffi::DataType::F32, float)
-RLINF_MKL_HANDLER(MklGemmBf16, ffi::DataType::BF16, uint16_t)
+#define RLINF_MKL_HANDLER(name, Elem)                                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (Products<Elem>), ffi::Ffi::Bind()                           \
+                                                            .Arg<ffi::AnyBuffer>()                 \
+                                                            .Arg<ffi::AnyBuffer>()                 \
+                                                            .Ret<ffi::AnyBuffer>()                 \
+                                                            .Attr<bool>("trans_a")                 \
+                                                            .Attr<bool>("trans_b"));
+
+RLINF_MKL_HANDLER(MklGemmF32, float)
+RLINF_MKL_HANDLER(MklGemmBf16, uint16_t)

@@ -59,8 +59,8 @@ class MLP(nnx.Module):
             if self.matmul == "xla":
                 x = layer(x)
             else:
-                kernel = layer.kernel[...].astype(self.dtype)
-                x = kernels.matmul(x.astype(self.dtype), kernel, self.matmul) + layer.bias[...]
+                x = kernels.matmul(x, layer.kernel[...], self.matmul, compute_dtype=self.dtype)
+                x = kernels.add_bias(x, layer.bias[...], self.matmul)
             if i < len(self.layers) - 1:
                 x = self.activation(x)
         return x.astype(jnp.float32).reshape(*lead, -1)

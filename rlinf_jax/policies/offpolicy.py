@@ -49,7 +49,8 @@ class EnsembleLinear(nnx.Module):
             return jnp.einsum(spec, x, kernel) + self.bias[...]
         if x.ndim == 2:
             x = jnp.broadcast_to(x[None], (kernel.shape[0], *x.shape))
-        return kernels.matmul(x.astype(self.dtype), kernel.astype(self.dtype), self.matmul) + self.bias[...]
+        y = kernels.matmul(x, kernel, self.matmul, compute_dtype=self.dtype)
+        return kernels.add_bias(y, self.bias[...], self.matmul)
 
 
 class EnsembleLayerNorm(nnx.Module):
