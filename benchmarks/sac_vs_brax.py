@@ -50,7 +50,8 @@ Differences that stay (each side as its authors wrote it): Brax fills its buffer
 at random for its first ``learning_starts`` transitions inside the first iteration; Brax
 masks time-limit transitions out of the critic loss, ours bootstraps them from the
 observation the episode ended on; Brax averages the critic loss over its two critics, ours
-sums it (the same as Brax with twice its critic learning rate).
+sums it, a constant factor that Adam's update does not see (it divides the gradient's
+mean by its root mean square; only the epsilon differs).
 """
 
 from __future__ import annotations
