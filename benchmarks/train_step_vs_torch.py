@@ -121,7 +121,7 @@ def causal_lm_loss(model, ids):
     model, as on the torch side), the way the library's SFT scores tokens: the output head
     runs on the T-1 positions that predict a token, and `token_logprobs` scores them."""
     hidden = model.hidden_states(ids)[:, :-1]
-    logp, _ = token_logprobs(model.logits(hidden), ids[:, 1:])
+    logp, _ = token_logprobs(model.logits(hidden), ids[:, 1:], backend=model.matmul)
     return -jnp.mean(logp)
 
 

@@ -18,12 +18,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm import CausalLM, LMConfig, set_matmul
 
-try:
-    mkl._mkl_files()
-    HAVE_MKL = True
-except BadInput:
-    HAVE_MKL = False
-needs_mkl = pytest.mark.skipif(not HAVE_MKL, reason='MKL is not installed (pip install -e ".[mkl]")')
+needs_mkl = pytest.mark.skipif(not mkl.available(), reason='MKL is not installed (pip install -e ".[mkl]")')
 
 # Relative tolerance of one product: float32 sums in another order; bfloat16 inputs are the
 # same on both sides and both accumulate in float32, so only the summation order differs too.
@@ -234,7 +229,7 @@ def test_bad_backend_settings_are_one_line_errors(tmp_path, capsys):
         kernels.check_backend("mkl", jnp.float16)
     with pytest.raises(BadInput, match="runs its custom call on one device, and this run uses 2"):
         kernels.check_backend("mkl", jnp.float32, 2)
-    if HAVE_MKL:
+    if mkl.available():
         kernels.check_backend("mkl", jnp.bfloat16, 1)  # builds or loads the kernel
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm import CausalLM, LMConfig, RopeConfig
 
 P = jax.sharding.PartitionSpec
@@ -227,9 +228,14 @@ def test_swiglu_and_bias_gradients_equal_autodiffs():
                                            atol=tol * scale)
 
 
-def test_token_logprobs_and_entropy_against_a_naive_softmax():
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize(
+    "backend", ["xla", pytest.param("mkl", marks=pytest.mark.skipif(not mkl.available(), reason="MKL is not installed"))]
+)
+def test_token_logprobs_and_entropy_against_a_naive_softmax(backend, temperature):
     """Log-probs, entropy and their gradients against log_softmax + gather on a hand-made
-    batch with a temperature, including a row whose tail underflows to probability 0."""
+    batch, with and without a temperature, including a row whose tail underflows to
+    probability 0; XLA's passes and the kernel library's row pass (``backend="mkl"``)."""
     from rlinf_jax.policies.lm.logprobs import token_logprobs
 
     rng = np.random.default_rng(0)
@@ -237,20 +243,26 @@ def test_token_logprobs_and_entropy_against_a_naive_softmax():
     logits[1, 2, :5] = -1e4  # exp underflows: p = 0 there, and H must stay finite
     tokens = rng.integers(0, 11, (2, 3))
     tokens[1, 2] = 7
+    T = temperature
 
     def naive(x, t):
-        logp_all = jax.nn.log_softmax(x / 0.7, axis=-1)
+        logp_all = jax.nn.log_softmax(x / T, axis=-1)
         p = jnp.exp(logp_all)
         return (jnp.take_along_axis(logp_all, t[..., None], axis=-1)[..., 0],
                 -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), axis=-1))
 
-    got, want = token_logprobs(jnp.asarray(logits), jnp.asarray(tokens), 0.7), naive(jnp.asarray(logits), tokens)
+    ours = lambda x: token_logprobs(x, jnp.asarray(tokens), T, backend)  # noqa: E731
+    got, want = ours(jnp.asarray(logits)), naive(jnp.asarray(logits), tokens)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
     # A hand check of one entry: log p = x_t / T - log sum exp(x / T).
-    x = logits[0, 1].astype(np.float64) / 0.7
+    x = logits[0, 1].astype(np.float64) / T
     assert float(got[0][0, 1]) == pytest.approx(x[tokens[0, 1]] - np.log(np.exp(x).sum()), abs=1e-5)
     loss = lambda fn: lambda x: jnp.sum(fn(x)[0] * 0.3 + fn(x)[1])  # noqa: E731
-    g_got = jax.grad(loss(lambda x: token_logprobs(x, jnp.asarray(tokens), 0.7)))(jnp.asarray(logits))
+    g_got = jax.grad(loss(ours))(jnp.asarray(logits))
     g_want = jax.grad(loss(lambda x: naive(x, tokens)))(jnp.asarray(logits))
     np.testing.assert_allclose(np.asarray(g_got), np.asarray(g_want), atol=1e-5)
+    # Only the log-probs' gradient (the entropy's cotangent is a symbolic zero), under jit.
+    g_lp = jax.jit(jax.grad(lambda x: jnp.sum(ours(x)[0])))(jnp.asarray(logits))
+    g_lp_want = jax.grad(lambda x: jnp.sum(naive(x, tokens)[0]))(jnp.asarray(logits))
+    np.testing.assert_allclose(np.asarray(g_lp), np.asarray(g_lp_want), atol=1e-5)

@@ -27,11 +27,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlinf_jax.errors import BadInput
 
 SOURCE = Path(__file__).with_name("mkl_products.cc")
-_TARGETS = {"mkl_gemm_f32": "MklGemmF32", "mkl_gemm_bf16": "MklGemmBf16", "rlinf_round_bf16": "RoundBf16"}
+_TARGETS = {"mkl_gemm_f32": "MklGemmF32", "mkl_gemm_bf16": "MklGemmBf16", "rlinf_round_bf16": "RoundBf16",
+            "rlinf_token_logprobs_fwd": "TokenLogprobsForward", "rlinf_token_logprobs_bwd": "TokenLogprobsBackward"}
 # The compute dtypes the kernel has a product for.
 DTYPES = ("float32", "bfloat16")
 _INSTALL = 'pip install -e ".[mkl]" (or pip install mkl mkl-include)'
@@ -47,6 +49,15 @@ def _mkl_files() -> tuple[Path, Path]:
             return root / "include", Path(libs[0])
     raise BadInput(f"actor.model.matmul=mkl needs Intel MKL's library and headers, found under none of "
                    f"{', '.join(map(str, roots))}; run {_INSTALL}")
+
+
+def available() -> bool:
+    """Whether MKL's library and headers are installed (the kernel may still need a compiler)."""
+    try:
+        _mkl_files()
+        return True
+    except BadInput:
+        return False
 
 
 def _cpu_flags() -> str:
@@ -80,7 +91,7 @@ def build() -> Path:
     # half-written library.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
+    cmd = [compiler, "-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
            f"-I{include}", str(SOURCE), "-o", tmp, str(lib), f"-Wl,-rpath,{lib.parent}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -168,3 +179,32 @@ def _matmul_bwd(trans_b, out_dtype, compute_dtype, residuals, g):
 
 
 mkl_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def token_logprobs(logits, tokens, temperature: float = 1.0):
+    """``(log pi(token), entropy)`` of ``softmax(logits / temperature)`` per row: float32
+    ``logits [..., vocab]``, integer ``tokens [...]``; the kernel library's row-at-a-time
+    pass (see ``mkl_products.cc``), with the same numbers as
+    `rlinf_jax.policies.lm.logprobs.token_logprobs` to float tolerance."""
+    return _token_logprobs_fwd(logits, tokens, temperature)[0]
+
+
+def _token_logprobs_fwd(logits, tokens, temperature):
+    register()
+    rows = jax.ShapeDtypeStruct(tokens.shape, jnp.float32)
+    logp, entropy, lse, mean_z = jax.ffi.ffi_call("rlinf_token_logprobs_fwd", (rows,) * 4, vmap_method="sequential")(
+        logits, tokens.astype(jnp.int32), inv_t=np.float32(1.0 / temperature))
+    return (logp, entropy), (logits, tokens, lse, mean_z)
+
+
+def _token_logprobs_bwd(temperature, residuals, g):
+    logits, tokens, lse, mean_z = residuals
+    g_logp, g_ent = (jnp.zeros(tokens.shape, jnp.float32) if x is None else x.astype(jnp.float32) for x in g)
+    dx = jax.ffi.ffi_call("rlinf_token_logprobs_bwd", jax.ShapeDtypeStruct(logits.shape, jnp.float32),
+                          vmap_method="sequential")(
+        logits, tokens.astype(jnp.int32), lse, mean_z, g_logp, g_ent, inv_t=np.float32(1.0 / temperature))
+    return dx, None
+
+
+token_logprobs.defvjp(_token_logprobs_fwd, _token_logprobs_bwd)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm.model import CausalLM
 from rlinf_jax.policies.lm.value import ValueModel
 
@@ -65,11 +66,16 @@ def _shared_prompt_hidden(model: CausalLM, prompt_ids, mask, tokens, group: int)
     return jnp.concatenate([shared(prompt_h), response_h], axis=1)
 
 
-def token_logprobs(logits, tokens, temperature: float = 1.0):
+def token_logprobs(logits, tokens, temperature: float = 1.0, backend: str = "xla"):
     """``(log pi(token), entropy)`` per position, ``[B, N]`` each, of ``softmax(logits / T)``.
 
     The temperature is the sampler's: its log-probs are those of the scaled distribution.
+    ``backend="mkl"`` (a model built with ``matmul="mkl"``) computes float32 logits' rows in
+    the kernel library (`rlinf_jax.kernels.mkl.token_logprobs`): one pass per row in cache
+    where XLA's CPU code makes several over the whole ``[B, N, vocab]`` array.
     """
+    if backend == "mkl" and logits.dtype == jnp.float32:
+        return mkl.token_logprobs(logits, tokens, temperature if temperature not in (0.0, 1.0) else 1.0)
     scaled = logits / temperature if temperature not in (0.0, 1.0) else logits
     # Written so that every pass over the [B, N, vocab] logits, forward and backward, is an
     # elementwise map or a reduction that XLA fuses: the chosen logit is picked with a
@@ -96,7 +102,7 @@ def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0, grou
     """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``
     (``group``: see `response_hidden`)."""
     h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch), group)
-    return token_logprobs(model.logits(h), batch["tokens"], temperature)
+    return token_logprobs(model.logits(h), batch["tokens"], temperature, model.matmul)
 
 
 def values_of(value_model: ValueModel, batch: dict):
