@@ -33,7 +33,8 @@ from rlinf_jax.errors import BadInput
 
 SOURCE = Path(__file__).with_name("mkl_products.cc")
 _TARGETS = {"mkl_gemm_f32": "MklGemmF32", "mkl_gemm_bf16": "MklGemmBf16", "rlinf_round_bf16": "RoundBf16",
-            "rlinf_token_logprobs_fwd": "TokenLogprobsForward", "rlinf_token_logprobs_bwd": "TokenLogprobsBackward"}
+            "rlinf_token_logprobs_fwd": "TokenLogprobsForward", "rlinf_token_logprobs_bwd": "TokenLogprobsBackward",
+            "rlinf_swiglu_fwd": "SwigluForward", "rlinf_swiglu_bwd": "SwigluBackward"}
 # The compute dtypes the kernel has a product for.
 DTYPES = ("float32", "bfloat16")
 _INSTALL = 'pip install -e ".[mkl]" (or pip install mkl mkl-include)'
@@ -208,3 +209,27 @@ def _token_logprobs_bwd(temperature, residuals, g):
 
 
 token_logprobs.defvjp(_token_logprobs_fwd, _token_logprobs_bwd)
+
+
+@jax.custom_vjp
+def swiglu(gate, up):
+    """``silu(gate) * up`` of float32 arrays of one shape, in the kernel library (a block of
+    elements at a time in cache; see ``mkl_products.cc``), with its own backward pass."""
+    return _swiglu_fwd(gate, up)[0]
+
+
+def _swiglu_fwd(gate, up):
+    register()
+    out = jax.ffi.ffi_call("rlinf_swiglu_fwd", jax.ShapeDtypeStruct(gate.shape, jnp.float32),
+                           vmap_method="broadcast_all")(gate, up)
+    return out, (gate, up)
+
+
+def _swiglu_bwd(residuals, dh):
+    gate, up = residuals
+    shape = jax.ShapeDtypeStruct(gate.shape, jnp.float32)
+    return tuple(jax.ffi.ffi_call("rlinf_swiglu_bwd", (shape, shape), vmap_method="broadcast_all")(
+        gate, up, dh.astype(jnp.float32)))
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)

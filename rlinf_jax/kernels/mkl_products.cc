@@ -164,19 +164,20 @@ float RowMax(const float* z, int64_t n) {
   return m;
 }
 
-// z = x * inv_t (or x itself when inv_t is 1) into `z`; e = exp(z - max) into `e`.
-// Returns (max, sum e, sum e z).
+// e = exp(z - max) into `e`, z = x * inv_t. Returns (max, sum e, sum e z).
 struct RowSums {
   float max, sum, sum_ez;
 };
 
-RowSums ExpRow(const float* x, float inv_t, int64_t n, float* z, float* e) {
+// z is x itself when inv_t is 1 (no copy), else x * inv_t written to `scaled`.
+RowSums ExpRow(const float* x, float inv_t, int64_t n, float* scaled, float* e, const float** z_out) {
+  const float* z = x;
   if (inv_t != 1.0f) {
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) z[j] = x[j] * inv_t;
-  } else {
-    std::memcpy(z, x, n * sizeof(float));
+    for (int64_t j = 0; j < n; ++j) scaled[j] = x[j] * inv_t;
+    z = scaled;
   }
+  *z_out = z;
   const float m = RowMax(z, n);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) e[j] = z[j] - m;
@@ -201,10 +202,11 @@ ffi::Error TokenLogprobsFwd(ffi::Buffer<ffi::DataType::F32> x, ffi::Buffer<ffi::
   z.resize(V);
   e.resize(V);
   for (int64_t r = 0; r < R; ++r) {
-    const RowSums s = ExpRow(x.typed_data() + r * V, inv_t, V, z.data(), e.data());
+    const float* zr;
+    const RowSums s = ExpRow(x.typed_data() + r * V, inv_t, V, z.data(), e.data(), &zr);
     const float l = s.max + std::log(s.sum), ez = s.sum_ez / s.sum;
     const int32_t t = tokens.typed_data()[r];
-    const float chosen = (t >= 0 && t < V) ? z[t] : std::numeric_limits<float>::quiet_NaN();
+    const float chosen = (t >= 0 && t < V) ? zr[t] : std::numeric_limits<float>::quiet_NaN();
     logp->typed_data()[r] = chosen - l;
     entropy->typed_data()[r] = l - ez;
     lse->typed_data()[r] = l;
@@ -236,7 +238,80 @@ ffi::Error TokenLogprobsBwd(ffi::Buffer<ffi::DataType::F32> x, ffi::Buffer<ffi::
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------- SwiGLU
+//
+// h = silu(g) u = g sigmoid(g) u, and its backward pass
+//   dg = dh u (s + g s (1 - s)),  du = dh g s,  s = sigmoid(g),
+// a block of elements at a time in cache, the exponentials through MKL's vector math:
+// XLA's CPU code ran the sigmoid as its own pass over the [tokens, intermediate] array.
+
+constexpr int64_t kSwigluBlock = 4096;
+// exp(-g) for g below -kSigmoidClamp overflows float32: clamped (the sigmoid is then
+// below 1e-38, against the exact value's still smaller one), which also keeps MKL's
+// vector exp off its slow path for out-of-range arguments.
+constexpr float kSigmoidClamp = 87.0f;
+
+// s = sigmoid(g[0:n]) into `s`.
+void Sigmoid(const float* g, int64_t n, float* s) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] = std::min(-g[j], kSigmoidClamp);
+  vmsExp(static_cast<MKL_INT>(n), s, s, VML_LA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) s[j] = 1.0f / (1.0f + s[j]);
+}
+
+ffi::Error SwigluFwd(ffi::Buffer<ffi::DataType::F32> gate, ffi::Buffer<ffi::DataType::F32> up,
+                     ffi::Result<ffi::Buffer<ffi::DataType::F32>> h) {
+  const int64_t n = static_cast<int64_t>(gate.element_count());
+  static thread_local std::vector<float> s;
+  s.resize(kSwigluBlock);
+  for (int64_t i0 = 0; i0 < n; i0 += kSwigluBlock) {
+    const int64_t m = std::min(kSwigluBlock, n - i0);
+    const float *g = gate.typed_data() + i0, *u = up.typed_data() + i0;
+    float* out = h->typed_data() + i0;
+    Sigmoid(g, m, s.data());
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) out[j] = g[j] * s[j] * u[j];
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error SwigluBwd(ffi::Buffer<ffi::DataType::F32> gate, ffi::Buffer<ffi::DataType::F32> up,
+                     ffi::Buffer<ffi::DataType::F32> dh, ffi::Result<ffi::Buffer<ffi::DataType::F32>> dgate,
+                     ffi::Result<ffi::Buffer<ffi::DataType::F32>> dup) {
+  const int64_t n = static_cast<int64_t>(gate.element_count());
+  static thread_local std::vector<float> s;
+  s.resize(kSwigluBlock);
+  for (int64_t i0 = 0; i0 < n; i0 += kSwigluBlock) {
+    const int64_t m = std::min(kSwigluBlock, n - i0);
+    const float *g = gate.typed_data() + i0, *u = up.typed_data() + i0, *d = dh.typed_data() + i0;
+    float *dg = dgate->typed_data() + i0, *du = dup->typed_data() + i0;
+    Sigmoid(g, m, s.data());
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) {
+      const float silu = g[j] * s[j];
+      dg[j] = d[j] * u[j] * (s[j] + silu * (1.0f - s[j]));
+      du[j] = d[j] * silu;
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SwigluForward, SwigluFwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Ret<ffi::Buffer<ffi::DataType::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SwigluBackward, SwigluBwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Ret<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Ret<ffi::Buffer<ffi::DataType::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TokenLogprobsForward, TokenLogprobsFwd,
                               ffi::Ffi::Bind()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax import kernels
+from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
@@ -37,6 +38,8 @@ class MLP(nnx.Module):
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.gelu:
             return self.down_proj(jax.nn.gelu(gate, approximate=True) * up)
+        if self.down_proj.matmul == "mkl" and gate.dtype == jnp.float32:
+            return self.down_proj(mkl.swiglu(gate, up))  # one pass in the kernel library
         return self.down_proj(swiglu(gate, up))
 
 
