@@ -24,6 +24,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")  # read when MKL loads
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ppo_vs_brax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 from rlinf_jax.errors import BadInput  # noqa: E402
 from rlinf_jax.kernels.mkl import mkl_matmul, register  # noqa: E402
@@ -32,9 +33,13 @@ from rlinf_jax.kernels.mkl import mkl_matmul, register  # noqa: E402
 def _linear(self, x):
     """``nnx.Linear``'s product through MKL, in the layer's compute dtype."""
     dtype = self.dtype or x.dtype
-    flat = x.reshape(-1, x.shape[-1]).astype(dtype)
-    y = mkl_matmul(flat, self.kernel[...].astype(dtype)).astype(dtype).reshape(*x.shape[:-1], -1)
-    return y if self.bias is None else y + self.bias[...].astype(dtype)
+    # The float32 weight goes in as it is: for a bfloat16 product the kernel library rounds
+    # it once per program (kernels.mkl.round_bf16) and returns its gradient in float32.
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.dtype != jnp.bfloat16:
+        flat = flat.astype(jnp.float32)
+    y = mkl_matmul(flat, self.kernel[...], False, jnp.float32, dtype).reshape(*x.shape[:-1], -1)
+    return (y if self.bias is None else y + self.bias[...]).astype(dtype)
 
 
 def main(argv=None) -> int:
