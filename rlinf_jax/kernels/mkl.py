@@ -154,9 +154,10 @@ def mkl_matmul(a, b, trans_b: bool = False, out_dtype=jnp.float32, compute_dtype
     bfloat16; None: ``a``'s dtype), accumulated in float32 and returned in ``out_dtype``.
 
     ``a`` and ``b`` are 2-D, or 3-D with a shared leading batch axis. They are in the compute
-    dtype, or float32 for a bfloat16 product: a float32 weight is then rounded inside the
-    kernel, which spares XLA a convert of it on every use. Gradients come out in the
-    operands' dtypes, computed in the same dtype as the forward product.
+    dtype, or float32 for a bfloat16 product: a float32 ``b`` (the weight) is then rounded
+    once per program by `round_bf16`, a float32 ``a`` inside the product's kernel, which
+    spares XLA a convert on every use. Gradients come out in the operands' dtypes, computed
+    in the same dtype as the forward product.
     """
     compute = compute_dtype or a.dtype
     return _call(a, _rounded_weight(b, compute), False, trans_b, out_dtype, compute)
@@ -201,7 +202,7 @@ def _token_logprobs_fwd(logits, tokens, temperature):
 
 def _token_logprobs_bwd(temperature, residuals, g):
     logits, tokens, lse, mean_z = residuals
-    g_logp, g_ent = (jnp.zeros(tokens.shape, jnp.float32) if x is None else x.astype(jnp.float32) for x in g)
+    g_logp, g_ent = (x.astype(jnp.float32) for x in g)
     dx = jax.ffi.ffi_call("rlinf_token_logprobs_bwd", jax.ShapeDtypeStruct(logits.shape, jnp.float32),
                           vmap_method="sequential")(
         logits, tokens.astype(jnp.int32), lse, mean_z, g_logp, g_ent, inv_t=np.float32(1.0 / temperature))

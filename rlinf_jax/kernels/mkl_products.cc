@@ -8,8 +8,9 @@
 // operand in place, which is why the backward products need no copies. The bfloat16
 // variant calls cblas_gemm_bf16bf16f32, which runs on the CPU's AMX tiles where it has them
 // (XLA's own CPU bfloat16 products do not). It takes each operand in bfloat16 or float32:
-// a float32 operand (a weight kept in float32, a float32 gradient) is rounded here, into a
-// scratch buffer, which costs far less than a separate XLA convert of it (see Round).
+// a float32 operand (an activation, a gradient) is rounded here, into a scratch buffer,
+// which costs far less than a separate XLA convert of it (see Round). Weights arrive
+// rounded already, once per program, by RoundBf16.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -157,6 +158,9 @@ ffi::Error RoundArray(ffi::Buffer<ffi::DataType::F32> x, ffi::Result<ffi::Buffer
 // training step; here each row (a few KB) is read once per pass while it is in L1, and
 // the exponentials are MKL's vector math.
 
+// MKL's vector exp: its low-accuracy mode (a few ulps), denormals kept, no error reporting.
+constexpr MKL_INT64 kExpMode = VML_LA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE;
+
 float RowMax(const float* z, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
@@ -181,7 +185,7 @@ RowSums ExpRow(const float* x, float inv_t, int64_t n, float* scaled, float* e, 
   const float m = RowMax(z, n);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) e[j] = z[j] - m;
-  vmsExp(static_cast<MKL_INT>(n), e, e, VML_LA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE);
+  vmsExp(static_cast<MKL_INT>(n), e, e, kExpMode);
   float sum = 0.0f, sum_ez = 0.0f;
 #pragma omp simd reduction(+ : sum, sum_ez)
   for (int64_t j = 0; j < n; ++j) {
@@ -229,7 +233,7 @@ ffi::Error TokenLogprobsBwd(ffi::Buffer<ffi::DataType::F32> x, ffi::Buffer<ffi::
     // p = exp(z - lse), computed in `out`, then overwritten by the gradient.
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) out[j] = xr[j] * inv_t - l;
-    vmsExp(static_cast<MKL_INT>(V), out, out, VML_LA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE);
+    vmsExp(static_cast<MKL_INT>(V), out, out, kExpMode);
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) out[j] = -out[j] * (gl + ge * (xr[j] * inv_t - ez)) * inv_t;
     const int32_t t = tokens.typed_data()[r];
@@ -255,7 +259,7 @@ constexpr float kSigmoidClamp = 87.0f;
 void Sigmoid(const float* g, int64_t n, float* s) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = std::min(-g[j], kSigmoidClamp);
-  vmsExp(static_cast<MKL_INT>(n), s, s, VML_LA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE);
+  vmsExp(static_cast<MKL_INT>(n), s, s, kExpMode);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) s[j] = 1.0f / (1.0f + s[j]);
 }

@@ -52,9 +52,9 @@ def matmul(a: jax.Array, b: jax.Array, backend: str = "xla", *, trans_b: bool = 
 
     ``a`` is ``[..., M, K]`` and ``b`` ``[..., K, N]`` (``[..., N, K]`` with ``trans_b``), with the
     same leading axes. ``compute_dtype`` None: both are in the compute dtype already. Else
-    they are cast to it: by XLA on the ``xla`` backend, inside the kernel on ``mkl`` (float32
-    operands of a bfloat16 product), where a separate convert of each weight on every use
-    cost a fifth of a bfloat16 SAC step (benchmarks/sac_grad_step.py).
+    they are cast to it: by XLA on the ``xla`` backend; on ``mkl`` float32 operands of a
+    bfloat16 product are rounded by the kernel library (see `mkl.mkl_matmul`), where XLA's
+    convert of each weight cost a fifth of a bfloat16 SAC step (benchmarks/sac_grad_step.py).
     """
     if backend == "xla":
         if compute_dtype is not None:
