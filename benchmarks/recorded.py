@@ -60,10 +60,11 @@ def regressions(name: str, result: dict, tolerance: float = TOLERANCE) -> list[s
     settings = {**result.get("settings", {}), **result}  # settings may sit at the top or under "settings"
     if any(settings.get(k) != v for k, v in entry.get("settings", {}).items()):
         return []
-    if entry.get("cpu") and not same_kind(entry["cpu"], cpu()):
+    here = cpu()
+    if entry.get("cpu") and not same_kind(entry["cpu"], here):
         return [
             f"note: {name}: the recorded figures (commit {entry.get('commit', '?')}) were measured on "
-            f"{entry['cpu']}; this machine is {cpu()}, so they are not compared"
+            f"{entry['cpu']}; this machine is {here}, so they are not compared"
         ]
     lines = []
     for direction, sign in (("higher", 1.0), ("lower", -1.0)):
