@@ -40,7 +40,6 @@ def main(argv=None) -> int:
             # Before the tasks' imports start JAX's backend: XLA reads its flags then.
             prepare_jax(args.config_name, args.overrides)
         from rlinf_jax.config import list_recipes
-        from rlinf_jax.envs import list_envs
         from rlinf_jax.flow.host_loop import TrainingDiverged
         from rlinf_jax.tasks.registry import load_run_config, task_of
 
@@ -48,6 +47,10 @@ def main(argv=None) -> int:
             print("\n".join(list_recipes()))
             return 0
         if args.list_envs:
+            # Here only: the env suites import MuJoCo and Brax (seconds), which a language
+            # model's run never needs.
+            from rlinf_jax.envs import list_envs
+
             for suite, names in list_envs().items():
                 print(f"{suite}: {', '.join(names)}")
             return 0

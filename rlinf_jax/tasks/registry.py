@@ -16,15 +16,53 @@ from rlinf_jax.config.reads import Reads, check_reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.tasks.embodied import config as embodied_config
-from rlinf_jax.tasks.embodied import run as embodied_run
-from rlinf_jax.tasks.embodied.staged import COMPONENTS as EMBODIED_COMPONENTS
 from rlinf_jax.tasks.offpolicy import config as offpolicy_config
-from rlinf_jax.tasks.offpolicy import run as offpolicy_run
 from rlinf_jax.tasks.reasoning import config as reasoning_config
-from rlinf_jax.tasks.reasoning import run as reasoning_run
 from rlinf_jax.tasks.sft import config as sft_config
 from rlinf_jax.tasks.sft import lm as sft_lm
-from rlinf_jax.tasks.sft import run as sft_run
+
+
+# Each task's run is imported on its first call: a run reaches its simulators and models
+# (MuJoCo's MJX, Brax, the LM stack: seconds of imports), which checking a config, or
+# running another task, never needs.
+def _embodied_run(cfg: Config, console=None):
+    from rlinf_jax.tasks.embodied.run import run
+
+    return run(cfg, console)
+
+
+def _offpolicy_run(cfg: Config, console=None):
+    from rlinf_jax.tasks.offpolicy.run import run
+
+    return run(cfg, console)
+
+
+def _sft_run(cfg: Config, console=None):
+    # A VLA clones the tabletop's expert (its simulator imported on this path only); any
+    # other kind names no embodied model and the run fine-tunes the language model.
+    if cfg.actor.model.kind == "vla":
+        from rlinf_jax.tasks.sft.vla import run
+    else:
+        from rlinf_jax.tasks.sft.run import run_lm as run
+    return run(cfg, console)
+
+
+def _reasoning_run(cfg: Config, console=None):
+    from rlinf_jax.tasks.reasoning.run import run
+
+    return run(cfg, console)
+
+
+def _embodied_components(cfg: Config) -> tuple[str, ...]:
+    from rlinf_jax.tasks.embodied.staged import COMPONENTS
+
+    return COMPONENTS
+
+
+def _offpolicy_components(cfg: Config) -> tuple[str, ...]:
+    from rlinf_jax.tasks.offpolicy.run import COMPONENTS
+
+    return COMPONENTS
 
 
 @dataclass(frozen=True)
@@ -47,21 +85,21 @@ class Task:
 
 def _sft_components(cfg: Config) -> tuple[str, ...]:
     # A VLA clones on the embodied layout (collocated); a language model has the actor alone.
-    return EMBODIED_COMPONENTS if cfg.actor.model.kind == "vla" else sft_lm.COMPONENTS
+    return _embodied_components(cfg) if cfg.actor.model.kind == "vla" else sft_lm.COMPONENTS
 
 
 TASKS: dict[str, Task] = {
     "embodied": Task(
-        "embodied", embodied_run.run, lambda cfg: EMBODIED_COMPONENTS, embodied_config.reads, embodied_config.check,
+        "embodied", _embodied_run, _embodied_components, embodied_config.reads, embodied_config.check,
         "an",
     ),
     "offpolicy": Task(
-        "offpolicy", offpolicy_run.run, lambda cfg: offpolicy_run.COMPONENTS, offpolicy_config.reads,
+        "offpolicy", _offpolicy_run, _offpolicy_components, offpolicy_config.reads,
         offpolicy_config.check, "an",
     ),
-    "sft": Task("sft", sft_run.run, _sft_components, sft_config.reads, sft_config.check, "an"),
+    "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an"),
     "reasoning": Task(
-        "reasoning", reasoning_run.run, reasoning_config.components, reasoning_config.reads, reasoning_config.check
+        "reasoning", _reasoning_run, reasoning_config.components, reasoning_config.reads, reasoning_config.check
     ),
 }
 

@@ -1,5 +1,6 @@
-"""An sft run: supervised fine-tuning of a language model, or behaviour cloning of a VLA
-(``actor.model.kind=vla``) on the tabletop's expert demonstrations."""
+"""An sft run of a language model: supervised fine-tuning on the run's data. (A VLA's sft
+run, behaviour cloning on the tabletop's expert, is `tasks.sft.vla`; the task registry
+picks between them by ``actor.model.kind``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import time
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.host_loop import enable_compilation_cache, open_run_dir
-from rlinf_jax.tasks.sft import vla
 from rlinf_jax.tasks.sft.lm import SFTTrainer
 from rlinf_jax.tasks.sft.loop import LMLoop, LMRunSummary
 
@@ -20,12 +20,3 @@ def run_lm(cfg: Config, console=None) -> LMRunSummary:
     trainer = SFTTrainer(cfg)
     result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
     return LMRunSummary.of(result, "sft", trainer.samples_per_iteration, time.perf_counter() - t_start)
-
-
-# What an sft run trains, by actor.model.kind: a VLA clones the expert, any other kind
-# names no embodied model and the run fine-tunes the language model of actor.model.lm_*.
-BY_MODEL_KIND = {"vla": vla.run}
-
-
-def run(cfg: Config, console=None) -> LMRunSummary:
-    return BY_MODEL_KIND.get(cfg.actor.model.kind, run_lm)(cfg, console)
