@@ -282,12 +282,15 @@ def iteration(env: Env, learner: Learner, ts: TrainState):
 def run_chunk(env: Env, learner: Learner, ts: TrainState, num_iterations):
     """``num_iterations`` iterations (a traced int: one compile for every chunk length);
     returns the state and the metrics summed over them."""
-    shapes = jax.eval_shape(functools.partial(iteration, env, learner), ts)[1]
+    # One jitted function for both uses below: the loop body reuses the trace that gave the
+    # metrics' shapes (tracing a Brax env's step is most of a start: ~2 s of ~4 here).
+    step = jax.jit(functools.partial(iteration, env, learner))
+    shapes = jax.eval_shape(step, ts)[1]
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def body(i, carry):
         ts, sums = carry
-        ts, metrics = iteration(env, learner, ts)
+        ts, metrics = step(ts)
         return ts, jax.tree.map(jnp.add, sums, metrics)
 
     return jax.lax.fori_loop(0, num_iterations, body, (ts, zeros))

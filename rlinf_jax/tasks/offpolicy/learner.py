@@ -24,6 +24,8 @@ Algorithms, in terms of the losses in `rlinf_jax.algos.offpolicy`:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -467,12 +469,15 @@ def iteration(env: Env, learner: Learner, ts: OffPolicyState, demos):
 def run_chunk(env: Env, learner: Learner, ts: OffPolicyState, demos, num_iterations):
     """``num_iterations`` iterations (a traced int: one compile for every chunk length);
     returns the state and the metrics summed over them (the replay size: the last one)."""
-    shapes = jax.eval_shape(lambda t: iteration(env, learner, t, demos)[1], ts)
+    # One jitted function for both uses below: the loop body reuses the trace that gave the
+    # metrics' shapes (tracing the env's step is most of a start: seconds for a Brax env).
+    step = jax.jit(functools.partial(iteration, env, learner))
+    shapes = jax.eval_shape(step, ts, demos)[1]
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
     def body(i, carry):
         ts, sums = carry
-        ts, metrics = iteration(env, learner, ts, demos)
+        ts, metrics = step(ts, demos)
         size = metrics.pop("rollout/replay_size")
         sums = jax.tree.map(jnp.add, {k: v for k, v in sums.items() if k != "rollout/replay_size"}, metrics)
         return ts, {**sums, "rollout/replay_size": size}
