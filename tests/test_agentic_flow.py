@@ -67,8 +67,11 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
 def test_agentic_layouts_give_the_same_metrics(tmp_path):
     results = {}
     for placement in ("collocated", "disaggregated"):
+        # The warm start always runs collocated (SFT has the actor alone): the second layout
+        # starts from the first run's, as a run given actor.model.path does.
+        warm = [f"actor.model.path={tmp_path / 'collocated' / 'sft'}"] if placement != "collocated" else []
         assert run(tmp_path, placement, "runner.max_steps=2", "runner.eval_interval=2",
-                   f"cluster.component_placement={placement}") == 0
+                   f"cluster.component_placement={placement}", *warm) == 0
         results[placement] = strip(read_metrics(tmp_path / placement))
     a, b = results["collocated"], results["disaggregated"]
     assert [r["step"] for r in a] == [r["step"] for r in b]
