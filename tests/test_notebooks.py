@@ -93,7 +93,7 @@ def _vla(nb, got):
     assert figures(nb) >= 3  # the scenes, the success curves and bars, the episode strip
     assert got["scene"] == [4, 32, 32, 3]
     assert got["splits"] == ["execution", "semantic", "train", "vision"]
-    assert got["steps"] == 10 and got["report_step"] == 10
+    assert got["steps"] == 4 and got["report_step"] == 4
     assert all(0.0 <= v <= 1.0 for v in [*got["first"].values(), *got["last"].values()])
     # Four episodes of 32 px frames as rows, white 1 px gaps between them.
     assert got["strip"][0] == 4 * 32 + 3 and got["strip"][2] in (3, 4)
