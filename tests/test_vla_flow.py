@@ -252,13 +252,17 @@ def test_dagger_labels_the_policys_own_states_with_the_experts_chunks():
     ids = jnp.asarray(episode_id("train", np.array([3, 1, 4, 1])), jnp.int32)
     got = jax.device_get(jax.jit(lambda p: policy_visits(env, policy, graphdef, p, ids, 3, jax.random.PRNGKey(0), True))(params))
     # Reference: a plain Python loop over the same env, the greedy policy acting, the
-    # expert asked at each state but never acting.
-    state, finished = env.reset_to(ids), np.zeros(4, bool)
+    # expert asked at each state but never acting. Each piece is jitted on its own (run
+    # eagerly, op by op, MJX's step takes ~10 s here); the loop stays the reference's.
+    reset, step = jax.jit(env.reset_to), jax.jit(env.step)
+    expert = jax.jit(lambda s: expert_actions(env, s))
+    act = jax.jit(lambda p, obs: policy.act_deterministic(nnx.merge(graphdef, p), obs))
+    state, finished = reset(ids), np.zeros(4, bool)
     for t in range(3):
         np.testing.assert_array_equal(got["image"][:, t], np.asarray(state.obs["image"]))
-        np.testing.assert_allclose(got["action"][:, t], np.asarray(expert_actions(env, state)), atol=1e-6)
+        np.testing.assert_allclose(got["action"][:, t], np.asarray(expert(state)), atol=1e-6)
         np.testing.assert_array_equal(got["valid"][:, t], ~finished)
-        state = env.step(state, policy.act_deterministic(model, state.obs))
+        state = step(state, act(params, state.obs))
         finished |= (np.asarray(state.done) > 0) | (np.asarray(state.info["success"]) > 0)
     # 4-sub-step episodes are 2 chunks of 2: the third state comes after the end
     assert got["valid"][:, :2].all() and not got["valid"][:, 2].any()
