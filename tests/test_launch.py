@@ -65,10 +65,10 @@ def _launch(address, *args, hosts=2, devices=4, timeout=600, env=None):
     )
 
 
-def _one_host(out_dir, name, *args) -> Path:
+def _one_host(out_dir, name) -> Path:
     """The reference: one process with 8 fake devices, the plain training entry point."""
     proc = subprocess.run(
-        [sys.executable, "-m", "rlinf_jax.train", *RUN, *args, f"runner.output_dir={out_dir}", f"runner.experiment_name={name}"],
+        [sys.executable, "-m", "rlinf_jax.train", *RUN, f"runner.output_dir={out_dir}", f"runner.experiment_name={name}"],
         capture_output=True,
         text=True,
         timeout=600,

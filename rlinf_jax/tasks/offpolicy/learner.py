@@ -25,7 +25,6 @@ Algorithms, in terms of the losses in `rlinf_jax.algos.offpolicy`:
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
