@@ -140,6 +140,31 @@ def test_metrics_jsonl_format_and_tensorboard(tmp_path):
     assert ("train/policy_loss", 2, 0.25) in scalars
 
 
+def test_tensorboard_writer_leaves_torch_unloaded(tmp_path):
+    # tensorboardX's writer imports torch where it is installed (seconds of every run's
+    # start); our writer hides it during that import. Writing still works, and torch
+    # stays importable afterwards.
+    pytest.importorskip("torch")
+    code = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from rlinf_jax.runtime import MetricsLogger
+        with MetricsLogger({str(tmp_path)!r}) as log:
+            log.log(1, {{"train/loss": 0.5}})
+            log.log_text(1, "notes", "hello")
+            log.log_image(1, "frames", np.zeros((4, 4, 3), np.uint8))
+            loaded = "torch" in sys.modules
+        import torch
+        print(loaded, torch.ones(2).sum().item())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "2.0"]
+    assert ("train/loss", 1, 0.5) in read_tb_scalars(tmp_path / "tensorboard")
+    tags = {v.tag for ev in read_tb_events(tmp_path / "tensorboard") for v in ev.summary.value}
+    assert {"frames", "notes/text_summary"} <= tags, tags
+
+
 def test_metrics_reject_non_scalars(tmp_path):
     with MetricsLogger(tmp_path, tensorboard=False) as log:
         with pytest.raises(TypeError, match="train/vec"):
