@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rlinf_jax import kernels
@@ -86,8 +87,9 @@ class ActorCritic(nnx.Module):
         self.value = MLP([obs_size, *value_hidden_sizes, 1], act, rngs=rngs, dtype=dtype)
         self.action_size = action_size
         self.min_std = min_std
-        # Shifts softplus so that a zero raw output gives std = exp(init_log_std).
-        self.scale_shift = float(jnp.log(jnp.expm1(jnp.exp(init_log_std))))
+        # Shifts softplus so that a zero raw output gives std = exp(init_log_std). Host
+        # float32 arithmetic: a constant, so the model can be built inside a jit.
+        self.scale_shift = float(np.log(np.expm1(np.exp(np.float32(init_log_std)))))
 
     def distribution(self, obs):
         out = self.policy(obs)
