@@ -63,8 +63,9 @@ def due(step: int, interval: int, final: bool) -> bool:
 def enable_compilation_cache(directory: str) -> None:
     if directory:
         jax.config.update("jax_compilation_cache_dir", str(Path(directory).expanduser()))
-        # Only programs worth caching: the fused iteration and the eval loop, not tiny ops.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        # Every program, the eager ops of model and optimiser init too: ~90 of them at tens
+        # of ms each are seconds of every start, and loading one costs a few ms.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def eval_key(cfg: Config, step: int):
