@@ -362,13 +362,6 @@ def _build_trainer(cfg):
     return build_trainer(cfg)
 
 
-def _import_ours() -> None:
-    # Imported before the clock starts, as run_brax imports Brax's trainer before its own:
-    # both sides' times run from the train call, not from the imports.
-    import rlinf_jax.config.schema  # noqa: F401
-    import rlinf_jax.tasks.embodied.build  # noqa: F401
-
-
 def make_config(args):
     from rlinf_jax.config.schema import Config
 
@@ -415,7 +408,11 @@ def run_ours(args, clock) -> dict:
     import jax
     import jax.numpy as jnp
 
-    _import_ours()
+    # Loaded before the clock starts, as run_brax loads Brax's trainer: both sides' times
+    # run from the train call, not from the imports.
+    import rlinf_jax.config.schema  # noqa: F401
+    import rlinf_jax.tasks.embodied.build  # noqa: F401
+
     evals: list[dict] = []
     epochs: list[tuple[int, float]] = []
 

@@ -88,7 +88,7 @@ class ActorCritic(nnx.Module):
         self.action_size = action_size
         self.min_std = min_std
         # Shifts softplus so that a zero raw output gives std = exp(init_log_std). Host
-        # float32 arithmetic: a constant, so the model can be built inside a jit.
+        # float32 arithmetic: a constant, with no XLA program compiled to build the model.
         self.scale_shift = float(np.log(np.expm1(np.exp(np.float32(init_log_std)))))
 
     def distribution(self, obs):
