@@ -283,6 +283,28 @@ def test_brax_make_env_steps_and_autoresets():
     np.testing.assert_allclose(s.obs, s0.obs)  # cached reset
 
 
+def test_success_is_known_without_tracing_and_agrees_with_a_trace(monkeypatch):
+    from rlinf_jax.envs import sim_adapter
+    from rlinf_jax.envs.base import reports_success
+
+    def traced(env):
+        return "success" in jax.eval_shape(env.reset, KEY).info
+
+    brax = make_env(EnvConfig(suite="brax", name="inverted_pendulum", backend="positional", num_envs=2))
+    table = make_env(EnvConfig(suite="tabletop", name="train", backend="mjx", num_envs=2, episode_length=8))
+    assert (reports_success(brax), reports_success(table)) == (traced(brax), traced(table)) == (False, True)
+    # A fake env that does not say is traced: both answers.
+    for success in (False, True):
+        assert reports_success(stack(CounterEnv(success=success))) is success
+
+    # A second env of the same name and backend (the evaluation's) traces nothing.
+    calls, eval_shape = [], jax.eval_shape
+    monkeypatch.setattr(sim_adapter.jax, "eval_shape", lambda *a, **k: calls.append(a) or eval_shape(*a, **k))
+    again = BraxEnv("inverted_pendulum", backend="positional")
+    assert (again.observation_size, again.has_success, calls) == (4, False, [])
+    assert reports_success(VmapEnv(again, 3)) is False and calls == []
+
+
 def test_playground_make_env_resets_and_steps():
     # Jitted reset: MJX op-by-op is ~20 s on CPU. Action repeat and fresh resets are
     # covered by the fake env; each roughly doubles this compile.

@@ -47,3 +47,12 @@ class Env(Protocol):
     def reset(self, key: jax.Array) -> EnvState: ...
 
     def step(self, state: EnvState, action: jax.Array) -> EnvState: ...
+
+
+def reports_success(env: Env) -> bool:
+    """Whether ``env``'s states carry ``info["success"]``: what the env says (``has_success``,
+    which adapters and wrappers know without tracing), else a shape trace of its reset."""
+    known = getattr(env, "has_success", None)
+    if known is not None:
+        return bool(known)
+    return "success" in jax.eval_shape(env.reset, jax.random.PRNGKey(0)).info

@@ -32,11 +32,16 @@ def missing_asset_error(exc: Exception, what: str) -> BadInput | None:
     return None
 
 
+# (adapter, env name, backend) -> (observation size, has success); see `_reset_spec`.
+_RESET_SPECS: dict[tuple[str, str, str], tuple[int, bool]] = {}
+
+
 class SimAdapter:
     """One simulator env, no batch axis; `sim` is the library's own state.
 
     The library's ``done`` is a termination; time limits are added by `TimeLimit`. A
-    ``success`` metric, where the env has one, is exposed as ``info["success"]``.
+    ``success`` metric, where the env has one, is exposed as ``info["success"]``
+    (``has_success``). A subclass sets ``name`` and ``backend`` before `_load`.
     """
 
     num_envs = 1  # unbatched: leaves have no leading env axis
@@ -49,17 +54,25 @@ class SimAdapter:
             if err is None:
                 raise
             raise err from exc
-        # The libraries' observation_size runs a real (eager) reset; a shape trace is enough.
-        shapes = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
-        if isinstance(shapes.obs, Mapping):
-            raise BadInput(f"{what} has dict observations, which are not supported")
-        self.observation_size = int(shapes.obs.shape[-1])
+        self.observation_size, self.has_success = self._reset_spec(what)
         self.action_size = int(self._env.action_size)
-        self._has_success = "success" in shapes.metrics
+
+    def _reset_spec(self, what: str) -> tuple[int, bool]:
+        """(observation size, whether the env reports success), from a shape trace of its
+        reset: the libraries' observation_size runs a real (eager) reset. A run builds
+        the same env at least twice (training and evaluation) and a trace of a physics
+        reset takes ~1-3 s, so one trace serves every env of the same name and backend."""
+        key = (type(self).__name__, self.name, self.backend)
+        if key not in _RESET_SPECS:
+            shapes = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+            if isinstance(shapes.obs, Mapping):
+                raise BadInput(f"{what} has dict observations, which are not supported")
+            _RESET_SPECS[key] = (int(shapes.obs.shape[-1]), "success" in shapes.metrics)
+        return _RESET_SPECS[key]
 
     def _wrap(self, s, info: dict) -> EnvState:
         info = dict(info)
-        if self._has_success:
+        if self.has_success:
             info["success"] = jnp.asarray(s.metrics["success"], jnp.float32)
         return EnvState(
             obs=jnp.asarray(s.obs, jnp.float32),

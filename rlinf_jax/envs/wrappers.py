@@ -61,6 +61,11 @@ class Wrapper:
     def unwrapped(self):
         return getattr(self.env, "unwrapped", self.env)
 
+    @property
+    def has_success(self) -> bool | None:
+        """Whether states carry ``info["success"]`` (None: the env does not say)."""
+        return getattr(self.env, "has_success", None)
+
 
 class ActionRepeat(Wrapper):
     """Applies each action `n` times and sums the rewards.

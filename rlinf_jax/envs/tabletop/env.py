@@ -63,6 +63,7 @@ class TabletopEnv:
     """Batched, functional; see the module docstring. `TabletopEnv(split="vision", ...)`."""
 
     action_size = dynamics.ACTION_SIZE
+    has_success = True  # every state's info holds "success"
 
     def __init__(self, config: TabletopConfig | None = None, **overrides):
         self.config = dataclasses.replace(config or TabletopConfig(), **overrides).validate()

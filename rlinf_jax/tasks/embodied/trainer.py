@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rlinf_jax.algos import get_advantage, get_policy_loss
 from rlinf_jax.config.schema import Config
+from rlinf_jax.envs.base import reports_success
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import episode_frames, evaluate_policy
@@ -62,7 +63,7 @@ class PPOTrainer(Trainer):
         self.substeps = setup_lib.substeps(cfg, self.env)
         settings = ppo.PPOSettings.from_config(cfg, self.env.num_envs, self.substeps, setup_lib.group_size(cfg, self.env))
         self.env_steps_per_iteration = settings.batch_size * self.substeps
-        self.has_success = "success" in jax.eval_shape(self.env.reset, jax.random.PRNGKey(0)).info
+        self.has_success = reports_success(self.env)
         self.rules = rules_from_config(cfg.cluster.partition_rules)
         self.tx = setup_lib.optimizer(cfg)
         mb_sharding = None

@@ -18,6 +18,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import make_env, make_eval_env
 from rlinf_jax.envs.base import Env
 from rlinf_jax.envs.host.suite import HostEnv, host_spec, is_host_suite
+from rlinf_jax.envs.sim_adapter import SimAdapter
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adam
 from rlinf_jax.policies.offpolicy import QEnsemble, SquashedGaussianActor, ValueMLP
@@ -92,7 +93,9 @@ def make_setup(cfg: Config) -> OffPolicySetup:
         with local_devices_first():
             env = make_env(cfg.env)
             eval_env = make_eval_env(cfg.env)
-        if jax.tree.structure(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
+        # Simulator adapters refuse structured observations themselves; others are traced.
+        if not isinstance(env.unwrapped, SimAdapter) and jax.tree.structure(
+                jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
             raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
     a, m = cfg.algorithm, cfg.actor.model
     obs_size, act_size = env.observation_size, env.action_size
