@@ -66,12 +66,40 @@ def test_calculator_refuses_what_is_not_bounded_arithmetic(text):
         evaluate(text)
 
 
+@pytest.mark.parametrize("text", ["1e999", "-1e999", "1e999 - 1e999", "9" * 200, "1" + "0" * 18, "1e18", "1e300"])
+def test_numbers_past_the_size_cap_are_the_tools_own_error(text):
+    # Written numbers obey the cap results do; 1e999 parses as float infinity.
+    with pytest.raises(CalculatorError, match="number too large"):
+        calculator(text)
+    with ToolExecutor(ToolBox([calculator_tool()]), num_workers=0, timeout_s=1.0) as ex:
+        outcome = ex.run([ToolCall("calculator", text)])[0]
+    assert not outcome.ok and outcome.text == "CalculatorError: number too large"
+
+
+def test_numbers_just_below_the_size_cap_still_compute():
+    assert calculator("9" * 18) == "9" * 18
+    assert calculator("1e17 + 1") == "100000000000000001"
+    assert calculator("1e-999") == "0"
+
+
 def test_tool_call_syntax():
     assert parse_turn("let me compute <tool>calculator: 12*34</tool>") == ToolCall("calculator", "12*34")
     assert parse_turn("<tool>a: 1</tool> then <tool>search: two words</tool>") == ToolCall("search", "two words")
     assert parse_turn("the answer is 408") is None
     for bad in ["<tool>calculator 12*34</tool>", "<tool>calculator: 1", "</tool>", "<tool>1x: 2</tool>"]:
         assert isinstance(parse_turn(bad), FormatError), bad
+
+
+def test_tool_names_are_capped_and_an_unknown_name_is_echoed_cut():
+    assert parse_turn(f"<tool>{'a' * 64}: 1</tool>") == ToolCall("a" * 64, "1")
+    assert parse_turn(f"<tool>{'a' * 65}: 1</tool>") == FormatError("tool name longer than 64 characters")
+    with pytest.raises(BadInput, match="longer than 64 characters"):
+        ToolBox([Tool("t" * 65, "", str)])
+    long_name = "x" * 5000
+    with ToolExecutor(ToolBox([calculator_tool()]), num_workers=0, timeout_s=1.0) as ex:
+        text = ex.run([ToolCall(long_name, "1")])[0].text
+    # The error keeps the list of tools the model can call, not 5000 echoed characters.
+    assert text == f"LookupError: unknown tool '{'x' * 64}'...; tools: calculator"
 
 
 def test_search_tool_ranks_by_bm25(tmp_path):
@@ -88,6 +116,8 @@ def test_search_tool_ranks_by_bm25(tmp_path):
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text('{"title": "Zorbia", "text": "Its flag is green."}\n')
     assert load_documents(jsonl) == ["Zorbia: Its flag is green."]
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "Quellton is old."}\n')
+    assert load_documents(tmp_path / "bom.jsonl") == ["Quellton is old."]
     (tmp_path / "bad.jsonl").write_text("not json\n")
     with pytest.raises(BadInput, match="bad.jsonl:1"):
         load_documents(tmp_path / "bad.jsonl")

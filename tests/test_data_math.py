@@ -144,6 +144,16 @@ def test_jsonl_with_custom_and_nested_keys(tmp_path):
     assert [r["answer"] for r in load_prompt_dataset(arr)] == ["1", "2"]
 
 
+def test_files_that_start_with_a_byte_order_mark_are_read(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    lines = tmp_path / "bom.jsonl"
+    lines.write_bytes(bom + b'{"prompt": "What is 2 + 2?", "answer": "4"}\n{"prompt": "And 3 + 3?", "answer": 6}\n')
+    assert [(r["prompt"], r["answer"]) for r in load_prompt_dataset(lines)] == [("What is 2 + 2?", "4"), ("And 3 + 3?", "6")]
+    array = tmp_path / "bom.json"
+    array.write_bytes(bom + b'[{"prompt": "x", "answer": "1"}]')
+    assert [r["answer"] for r in load_prompt_dataset(array)] == ["1"]
+
+
 def test_parquet_with_custom_and_nested_keys(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

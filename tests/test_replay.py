@@ -134,3 +134,95 @@ def test_metadata_is_json_in_the_schema(tmp_path):
     path = write_transitions(tmp_path / "d.parquet", _batch(), np.zeros(12), np.zeros(12), {"mean_return": 7.5})
     meta = json.loads(pq.read_schema(path).metadata[b"rlinf_jax"])
     assert meta["observation_size"] == 3 and meta["action_size"] == 2 and meta["mean_return"] == 7.5
+
+
+def _columns():
+    """Four transitions as plain Python columns (what pandas or a D4RL export writes)."""
+    return {
+        "observations": [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]],
+        "actions": [[0.1], [0.2], [-0.3], [0.4]],
+        "rewards": [1.0, 2.0, 3.0, 4.0],
+        "next_observations": [[2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]],
+        "terminals": [False, False, False, True],
+    }
+
+
+def _write(path, columns, metadata=None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(columns)
+    if metadata is not None:
+        table = table.replace_schema_metadata({b"rlinf_jax": metadata})
+    pq.write_table(table, path)
+    return path
+
+
+def test_a_transitions_file_written_by_other_tools_reads_row_by_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # list<double> columns, 0/1 integer terminals, two record batches: each row stays whole.
+    columns = {**_columns(), "terminals": [0, 0, 0, 1], "timeouts": [0, 0, 1, 0], "episode": [0, 0, 0, 1]}
+    table = pa.table(columns)
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.concat_tables([table.slice(0, 1), table.slice(1)]), path, row_group_size=2)
+    batch, meta = read_transitions(path, 2, 1)
+    assert meta == {}
+    np.testing.assert_array_equal(batch.obs, np.array(columns["observations"], np.float32))
+    np.testing.assert_array_equal(batch.next_obs[3], [8.0, 9.0])
+    np.testing.assert_array_equal(batch.action[:, 0], np.array([0.1, 0.2, -0.3, 0.4], np.float32))
+    np.testing.assert_array_equal(batch.reward, [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(batch.terminated, [0.0, 0.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "column, values, message",
+    [
+        # 2 + 6 + 2 + 6 values make 4 rows of 4: each would mix two transitions.
+        ("observations", [[0.0] * 2, [1.0] * 6, [2.0] * 2, [3.0] * 6],
+         "column observations has rows of different lengths \\(row 1 holds 2 values, row 2 holds 6\\)"),
+        ("next_observations", [[0.0, 1.0], [2.0, 3.0], [4.0], [5.0, 6.0, 7.0]],
+         "column next_observations has rows of different lengths \\(row 1 holds 2 values, row 3 holds 1\\)"),
+        ("actions", [[0.1], [0.2], None, [0.4]], "column actions row 3 is null"),
+        ("observations", [[0.0, 1.0], [2.0, None], [4.0, 5.0], [6.0, 7.0]], "column observations row 2 holds a null"),
+        ("observations", "empty", "column observations holds empty lists"),
+        ("observations", [["a", "b"]] * 4, "column observations is list<.*string.*>, not a list of numbers"),
+        ("actions", [0.1, 0.2, 0.3, 0.4], "column actions is double, not a list of numbers"),
+        ("rewards", ["1", "2", "3", "4"], "column rewards is string, not one number per row"),
+        ("rewards", [[1.0], [2.0], [3.0], [4.0]], "column rewards is list<.*>, not one number per row"),
+        ("rewards", [True, False, True, False], "column rewards is bool, not one number per row"),
+        ("rewards", [1.0, None, 3.0, 4.0], "column rewards row 2 is null"),
+        ("terminals", ["no", "no", "no", "yes"], "column terminals is string, not one bool \\(or 0/1\\) per row"),
+        ("terminals", [0.0, 0.5, 0.0, 1.0], "column terminals row 2 holds 0.5"),
+        ("terminals", [False, None, False, True], "column terminals row 2 is null"),
+        ("timeouts", ["x", "y", "z", "w"], "column timeouts is string"),
+        ("episode", [0.5, 0.5, 1.0, 1.0], "column episode is double, not one integer per row"),
+    ],
+)
+def test_malformed_columns_are_one_line_naming_the_column_and_row(tmp_path, column, values, message):
+    import pyarrow as pa
+
+    if values == "empty":  # observations of width 0, typed as numbers
+        values = pa.array([[]] * 4, pa.list_(pa.float32()))
+    path = _write(tmp_path / "d.parquet", {**_columns(), column: values})
+    with pytest.raises(BadInput, match=message) as e:
+        read_transitions(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("metadata, message", [(b"[1, 2]", "a JSON list, not an object"), (b"7", "a JSON int"),
+                                               (b"{oops", "not JSON")])
+def test_metadata_that_is_not_a_json_object_is_refused(tmp_path, metadata, message):
+    path = _write(tmp_path / "d.parquet", _columns(), metadata)
+    with pytest.raises(BadInput, match=message):
+        read_transitions(path)
+
+
+def test_a_directory_given_as_the_transitions_file_is_named_so(tmp_path):
+    _write(tmp_path / "demos.parquet", _columns())
+    with pytest.raises(BadInput, match="is a directory \\(it holds demos.parquet\\); give the path of one .parquet"):
+        read_transitions(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadInput, match="empty is a directory; give the path"):
+        read_transitions(tmp_path / "empty")

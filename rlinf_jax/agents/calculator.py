@@ -7,14 +7,16 @@ Values are exact fractions, so ``1/3*3`` is ``1``; results print as integers whe
 whole, else as decimals rounded to 6 places.
 
 Bounds, so a call is cheap whatever the model writes: at most ``MAX_CHARS`` characters, at
-most ``MAX_NODES`` tree nodes, and every intermediate value below ``MAX_ABS`` in size (a
-product of many large numbers is refused before it grows). Parsing deep parentheses can raise
+most ``MAX_NODES`` tree nodes, and every number, written or intermediate, below ``MAX_ABS``
+in size (a product of many large numbers is refused before it grows; ``1e999``, which Python
+reads as infinity, is refused as too large). Parsing deep parentheses can raise
 ``RecursionError`` inside ``ast``: that too is a refusal, not a crash.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 from fractions import Fraction
 
 MAX_CHARS = 200
@@ -32,9 +34,24 @@ class CalculatorError(ValueError):
     """An expression the calculator refuses; the message is what the model reads."""
 
 
+def _bounded(value: Fraction) -> Fraction:
+    if abs(value) >= MAX_ABS or value.denominator >= MAX_ABS:
+        raise CalculatorError("number too large")
+    return value
+
+
+def _literal(number: int | float) -> Fraction:
+    """A written number under the same size cap as results."""
+    if isinstance(number, float):
+        if not math.isfinite(number):  # a float literal past float's range parses as inf
+            raise CalculatorError("number too large")
+        return _bounded(Fraction(number).limit_denominator(10**9))
+    return _bounded(Fraction(number))
+
+
 def _value(node) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return Fraction(node.value).limit_denominator(10**9) if isinstance(node.value, float) else Fraction(node.value)
+        return _literal(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = _value(node.operand)
         return -v if isinstance(node.op, ast.USub) else v
@@ -48,9 +65,7 @@ def _value(node) -> Fraction:
             out = _OPS[type(node.op)](a, b)
         else:
             raise CalculatorError(f"unsupported operator {type(node.op).__name__}; use + - * / and parentheses")
-        if abs(out) >= MAX_ABS or out.denominator >= MAX_ABS:
-            raise CalculatorError("number too large")
-        return out
+        return _bounded(out)
     raise CalculatorError(f"unsupported expression ({type(node).__name__}); use numbers, + - * / and parentheses")
 
 

@@ -24,10 +24,10 @@ def load_documents(path) -> list[str]:
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
-        docs = [f.read_text(errors="replace").strip() for f in files]
+        docs = [f.read_text(encoding="utf-8-sig", errors="replace").strip() for f in files]
     elif p.is_file() and p.suffix == ".jsonl":
         docs = []
-        for n, line in enumerate(p.read_text().splitlines(), 1):
+        for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):  # a byte-order mark is no text
             if not line.strip():
                 continue
             try:

@@ -24,6 +24,8 @@ CALL_OPEN, CALL_CLOSE = "<tool>", "</tool>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
 ERROR_OPEN, ERROR_CLOSE = "<error>", "</error>"
 MAX_ARGUMENT_CHARS = 500
+# Longer than any real tool's name; a model that writes a long name gets a short error back.
+MAX_NAME_CHARS = 64
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -51,6 +53,8 @@ def parse_turn(text: str) -> ToolCall | FormatError | None:
     body = text[body_start:end]
     name, colon, arguments = body.partition(":")
     name = name.strip()
+    if colon and len(name) > MAX_NAME_CHARS:
+        return FormatError(f"tool name longer than {MAX_NAME_CHARS} characters")
     if not colon or not _NAME.fullmatch(name):
         return FormatError(f"malformed tool call; write {CALL_OPEN}name: arguments{CALL_CLOSE}")
     if len(arguments) > MAX_ARGUMENT_CHARS:

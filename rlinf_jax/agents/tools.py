@@ -21,7 +21,7 @@ from typing import Callable
 from rlinf_jax.agents.calculator import calculator
 from rlinf_jax.agents.config import FACTS
 from rlinf_jax.agents.search import SearchTool
-from rlinf_jax.agents.syntax import ToolCall
+from rlinf_jax.agents.syntax import MAX_NAME_CHARS, ToolCall
 from rlinf_jax.data.search_tasks import fact_documents
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rewards.pool import CheckerPool, call_with_timeout
@@ -76,6 +76,11 @@ class ToolBox:
     def __init__(self, tools):
         self.tools = {}
         for t in tools:
+            if len(t.name) > MAX_NAME_CHARS:
+                raise BadInput(
+                    f"tool name {_shown(t.name)} is longer than {MAX_NAME_CHARS} characters, more than a call may "
+                    "name; shorten it"
+                )
             if t.name in self.tools:
                 raise BadInput(f"two tools are named {t.name!r}")
             self.tools[t.name] = t
@@ -83,7 +88,7 @@ class ToolBox:
     def __call__(self, name: str, arguments: str) -> str:
         tool = self.tools.get(name)
         if tool is None:
-            raise LookupError(f"unknown tool {name!r}; tools: {', '.join(sorted(self.tools)) or 'none'}")
+            raise LookupError(f"unknown tool {_shown(name)}; tools: {', '.join(sorted(self.tools)) or 'none'}")
         out = tool.fn(arguments)
         if not isinstance(out, str):
             raise TypeError(f"tool {name!r} returned {type(out).__name__}, not text")
@@ -101,6 +106,11 @@ class ToolBox:
 
     def schemas(self) -> list[dict]:
         return [t.schema() for t in self.tools.values()]
+
+
+def _shown(name: str) -> str:
+    """``name`` quoted for an error, cut to `MAX_NAME_CHARS` (the model reads what is echoed)."""
+    return repr(name) if len(name) <= MAX_NAME_CHARS else f"{name[:MAX_NAME_CHARS]!r}..."
 
 
 @dataclass(frozen=True)

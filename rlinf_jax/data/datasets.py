@@ -107,7 +107,7 @@ def _loads(text: str, path: Path, where: str, fix: str):
 def _read_json_records(path: Path):
     """``[(where, record)]`` from JSON Lines, or from a JSON file holding one array."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors write one) is no record
     except UnicodeDecodeError as e:
         raise BadInput(f"{path} is not UTF-8 text ({_one_line(e)}); give a JSON Lines or Parquet file") from None
     except OSError as e:
