@@ -18,6 +18,7 @@ import pytest
 
 from rlinf_jax.envs.base import EnvState
 from rlinf_jax.envs.host import HostEnvPool, HostEnvSpec, describe
+from rlinf_jax.envs.host.pool import RESTART_WINDOW
 from rlinf_jax.envs.wrappers import ActionRepeat, AutoReset, EpisodeStats, TimeLimit, VmapEnv
 from rlinf_jax.errors import BadInput
 
@@ -128,9 +129,10 @@ def test_trajectories_do_not_depend_on_the_number_of_workers(reset_mode):
 
 def test_a_worker_under_a_second_interpreter(tmp_path):
     """A worker needs numpy and the simulator only: a second virtual environment runs it."""
+    from rlinf_jax.envs.install import inheriting_env
+
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+    python = inheriting_env(venv)
     assert subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True).stdout.strip() == str(venv)
     actions = _actions(20, 4, 1, seed=2)
     spec = HostEnvSpec("InvertedPendulum-v5", episode_length=15, reset_mode="fresh")
@@ -138,6 +140,29 @@ def test_a_worker_under_a_second_interpreter(tmp_path):
     _, other = _host_run(HostEnvSpec(**{**spec.__dict__, "python": python}), actions, num_workers=2)
     for k_ in FIELDS:
         np.testing.assert_array_equal(other[k_], ref[k_])
+
+
+def test_a_worker_environment_sees_the_packages_of_the_virtual_environment_it_is_built_from(tmp_path):
+    """Built from a plain virtual environment (the README's setup), a worker environment sees
+    that environment's packages, which `--system-site-packages` would not (it links the base
+    interpreter's), the ones its .pth files add, and its own installs before them."""
+    from rlinf_jax.envs.install import inheriting_env
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "parent")], check=True)
+    parent = str(tmp_path / "parent" / "bin" / "python")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    parent_site = Path(subprocess.run([parent, "-c", purelib], capture_output=True, text=True, check=True).stdout.strip())
+    (parent_site / "only_in_parent.py").write_text("VALUE = 'parent'\n")
+    (parent_site / "shadowed.py").write_text("VALUE = 'parent'\n")
+    (tmp_path / "editable").mkdir()
+    (tmp_path / "editable" / "editable_pkg.py").write_text("VALUE = 'editable'\n")
+    (parent_site / "editable.pth").write_text(str(tmp_path / "editable") + "\n")
+    python = inheriting_env(tmp_path / "worker", parent)
+    own_site = Path(subprocess.run([python, "-c", purelib], capture_output=True, text=True, check=True).stdout.strip())
+    (own_site / "shadowed.py").write_text("VALUE = 'worker'\n")
+    probe = "import sys, only_in_parent, editable_pkg, shadowed; print(sys.prefix, only_in_parent.VALUE, editable_pkg.VALUE, shadowed.VALUE)"
+    got = subprocess.run([python, "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert got.stdout.split() == [str(tmp_path / "worker"), "parent", "editable", "worker"], got.stderr
 
 
 def _alive(pid):
@@ -185,6 +210,76 @@ def test_a_hung_or_crashed_worker_never_hangs_the_run(tmp_path, failure):
         pool.close()
 
 
+def _steps_until_stopped(crash_every, max_restarts, steps):
+    """Steps a pool of the toy crashing every ``crash_every`` steps: (steps taken, restarts,
+    the one-line error that stopped it or None)."""
+    spec = HostEnvSpec(TOY, episode_length=10_000, env_kwargs={"crash_every": crash_every}, observation_size=2,
+                       action_size=1)
+    pool = HostEnvPool(spec, 2, 1, seed=0, max_restarts=max_restarts)
+    try:
+        for t in range(1, steps + 1):
+            try:
+                pool.step(np.zeros((2, 1), np.float32))
+            except BadInput as e:
+                return t, pool.restarts, str(e)
+        return steps, pool.restarts, None
+    finally:
+        pool.close()
+
+
+def test_a_simulator_that_keeps_crashing_stops_in_one_line():
+    """A crash every 3rd step: the third replacement within RESTART_WINDOW steps is one
+    more than max_restarts=2, and stops the pool with one line naming the env, the last
+    worker's exit code and what it printed last."""
+    steps, restarts, error = _steps_until_stopped(crash_every=3, max_restarts=2, steps=50)
+    assert (steps, restarts) == (9, 3)
+    assert "\n" not in error
+    assert error.startswith(
+        "env.name='hostsim_toy:HostsimToy-v0' keeps failing: 3 env worker replacements within 100 steps, more than "
+        "env.max_worker_restarts=2; the last, worker 0 (envs 0-1): exited with code 3; its last output: "
+        "toy simulator: giving up at step 3."
+    ), error
+    assert error.endswith("or raise env.max_worker_restarts")
+
+
+def test_crashes_further_apart_than_the_window_never_stop_the_pool():
+    """The cap counts replacements within RESTART_WINDOW steps, not over the run: a crash
+    every 110 steps is replaced for ever under max_restarts=1, one every 40 steps stops."""
+    assert RESTART_WINDOW == 100
+    assert _steps_until_stopped(crash_every=110, max_restarts=1, steps=340) == (340, 3, None)
+    steps, restarts, error = _steps_until_stopped(crash_every=40, max_restarts=1, steps=340)
+    assert (steps, restarts) == (80, 2) and "2 env worker replacements within 100 steps" in error
+
+
+def test_a_worker_that_does_not_start_says_why_in_one_line(tmp_path):
+    # An interpreter that never answers: a script that sleeps whatever it is given.
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho starting the simulator >&2\nexec sleep 30\n")
+    python.chmod(0o755)
+    with pytest.raises(BadInput) as e:
+        describe(HostEnvSpec(TOY, episode_length=5, python=str(python)), timeout_s=1.5)
+    assert str(e.value) == (
+        f"env.name='{TOY}' cannot be made by {python}: no answer in 1.5 s (env.worker_start_timeout_s=1.5); "
+        "its last output: starting the simulator"
+    )
+    with pytest.raises(BadInput) as e:
+        HostEnvPool(HostEnvSpec(TOY, episode_length=5, python=str(python), observation_size=2, action_size=1), 2, 1,
+                    seed=0, start_timeout_s=1.5)
+    assert str(e.value) == (
+        f"env worker 0 (env.name='{TOY}', envs 0-1) did not start: no answer in 1.5 s "
+        "(env.worker_start_timeout_s=1.5); its last output: starting the simulator"
+    )
+    # One that exits before it can answer (the worker's own imports failed) is named by its
+    # exit code and last words at once, not after the timeout.
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numpy'\" >&2\nexit 1\n")
+    with pytest.raises(BadInput) as e:
+        describe(HostEnvSpec(TOY, episode_length=5, python=str(python)), timeout_s=60)
+    assert str(e.value).startswith(
+        f"env.name='{TOY}' cannot be made by {python}: exited with code 1; its last output: ModuleNotFoundError: "
+        "No module named 'numpy' (install the simulator for that interpreter"
+    )
+
+
 def test_unknown_env_id_is_refused_in_one_line():
     with pytest.raises(BadInput) as e:
         describe(HostEnvSpec("InvertedPendulumm-v5", episode_length=10))
@@ -215,6 +310,17 @@ def test_bad_worker_cores_are_refused_in_one_line():
         cfg = load_config("ppo_gym_mujoco", [f"env.worker_cpus={value}"])
         with pytest.raises(BadInput, match=words) as e:
             host_spec(cfg.env)
+        assert "\n" not in str(e.value)
+
+
+def test_bad_restart_caps_and_start_timeouts_are_refused_in_one_line():
+    from rlinf_jax.config import load_config
+    from rlinf_jax.envs.host.suite import host_spec
+
+    for override, words in (("env.max_worker_restarts=-1", "env.max_worker_restarts must be an integer >= 0"),
+                            ("env.worker_start_timeout_s=0", "env.worker_start_timeout_s must be > 0, got 0")):
+        with pytest.raises(BadInput, match=words) as e:
+            host_spec(load_config("ppo_gym_mujoco", [override]).env)
         assert "\n" not in str(e.value)
 
 
@@ -323,6 +429,21 @@ def test_worker_environment_names_resolve_or_are_refused_in_one_line(tmp_path):
     (tmp_path / "metaworld").mkdir()
     (tmp_path / "metaworld" / "python.txt").write_text(sys.executable + "\n")
     assert resolve_worker_python("metaworld", root=tmp_path) == sys.executable
+
+
+def test_the_install_command_explains_itself_in_whole_sentences(capsys):
+    from rlinf_jax.envs.install import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    paragraphs = capsys.readouterr().out.split("\n\n")
+    description = " ".join(paragraphs[1].split())
+    assert description == (
+        "Builds the virtual environment of a host simulator whose pins conflict with ours, from the package registry, "
+        "and records its interpreter: env.worker_python=NAME runs the env workers under it (docs/simulators.md)."
+    )
+    assert "the simulator whose environment to build" in " ".join(paragraphs[2].split())
 
 
 def test_metaworld_in_its_own_worker_environment():

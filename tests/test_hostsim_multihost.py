@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from rlinf_jax.envs.install import inheriting_env
 from rlinf_jax.runtime import read_metrics
 from tests import test_launch
 from tests.conftest import forced_devices_env
@@ -54,9 +55,7 @@ def _one_host(out, name, *args):
 
 @pytest.mark.slow
 def test_two_hosts_with_worker_environments_match_one_host_across_a_resume(ray_address, tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    worker_python = f"env.worker_python={venv / 'bin' / 'python'}"
+    worker_python = f"env.worker_python={inheriting_env(tmp_path / 'venv')}"
     for steps in (2, 4):
         _one_host(tmp_path, "one_host", f"runner.max_steps={steps}", "runner.resume=auto")
         proc = _launch(ray_address, *RUN, worker_python, f"runner.max_steps={steps}", "runner.resume=auto",

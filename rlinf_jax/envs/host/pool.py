@@ -16,7 +16,9 @@ Supervision: every answer is awaited with a deadline (``step_timeout_s``; a work
 start with ``start_timeout_s``). A worker that crashed, answered an error or missed its
 deadline is killed and replaced; the replacement ends its envs' episodes as truncations
 and resets them (`worker.Slice.restart`). ``restarts`` counts the replacements. A
-replacement that cannot start raises: the run stops with the reason instead of hanging.
+simulator that keeps failing stops the run: more than ``max_restarts`` replacements
+within :data:`RESTART_WINDOW` steps raise, naming the last worker's exit code and its last
+output lines, and so does a replacement that cannot start, instead of hanging.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import json
 import math
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -39,6 +43,14 @@ from rlinf_jax.errors import BadInput
 
 WORKER = Path(__file__).with_name("worker.py")
 ALIGN = 64
+# ``max_restarts`` counts the replacements within this many steps of a pool (every
+# micro-batch stepped once is one step). A window, not a count over the run, so that a rare
+# crash over a long run never adds up to a stop, while a crash loop (a replacement every
+# few steps) stops within a few dozen steps.
+RESTART_WINDOW = 100
+# How long a worker that answered an error, or closed its pipe, is given to exit by itself
+# before it is taken for hung (its exit code is part of every report).
+EXIT_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,7 @@ class _Worker:
         self.reply_r, reply_w = os.pipe()
         self.log = tempfile.TemporaryFile()
         self._buf = b""
+        self.eof = False  # its answer pipe closed: it exited, or is exiting
         self.pending: list[int] = []  # groups whose commands await an answer, in order
         try:
             self.proc = subprocess.Popen(
@@ -149,6 +162,7 @@ class _Worker:
                 return None
             chunk = os.read(self.reply_r, 65536)
             if not chunk:
+                self.eof = True
                 return None
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
@@ -157,6 +171,19 @@ class _Worker:
     def log_tail(self, n: int = 400) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")[-n:]
+
+    def last_lines(self, n: int = 3) -> str:
+        """The last ``n`` lines the worker printed, on one line ("" when it printed none)."""
+        lines = [line.strip() for line in self.log_tail(1000).splitlines() if line.strip()]
+        return " | ".join(lines[-n:])[-500:]
+
+    def exit_code(self) -> int | None:
+        """The worker's exit code, after :data:`EXIT_GRACE_S` for one on its way out; None
+        while it runs (hung)."""
+        try:
+            return self.proc.wait(timeout=EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return None
 
     def close(self, grace: float = 2.0) -> None:
         if self.proc.poll() is None:
@@ -177,6 +204,34 @@ class _Worker:
         self.close()
 
 
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"died of {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _failure(worker: _Worker, line: str | None, no_answer: str) -> str:
+    """What went wrong when ``worker`` gave ``line`` (None: nothing before its deadline or
+    its exit) instead of its answer: the error it answered, its exit code (or
+    ``no_answer``, how long it was waited for, when it hangs) and its last output lines.
+    The caller kills it."""
+    parts = []
+    if line is not None:
+        parts.append(line[4:] if line.startswith("err ") else f"unexpected answer {line!r}")
+    # One that answered or closed its pipe is on its way out; one past its deadline is hung.
+    code = worker.exit_code() if line is not None or worker.eof else worker.proc.poll()
+    if code is not None:
+        parts.append(_exit_text(code))
+    elif line is None:
+        parts.append(no_answer)
+    tail = worker.last_lines()
+    parts.append(f"its last output: {tail}" if tail else "no output")
+    return "; ".join(parts)
+
+
 def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
     """``spec`` with the simulator's observation and action sizes, asked of one worker
     (the parent may not even have the simulator installed). An unknown env id or an
@@ -185,10 +240,15 @@ def describe(spec: HostEnvSpec, timeout_s: float = 120.0) -> HostEnvSpec:
                               "camera": spec.camera, "image_size": spec.image_size, "assets_dir": spec.assets_dir})
     try:
         line = w.read(time.monotonic() + timeout_s)
+        if line is not None and line.startswith("ready "):
+            reason = ""
+        elif line is not None and line.startswith("err "):
+            reason = line[4:]  # the simulator's own words; the traceback behind them is noise here
+        else:
+            reason = _failure(w, line, f"no answer in {timeout_s:g} s (env.worker_start_timeout_s={timeout_s:g})")
     finally:
         w.kill()
-    if line is None or not line.startswith("ready "):
-        reason = line[4:] if line and line.startswith("err ") else "no answer"
+    if reason:
         if "No module named" in reason:
             reason += (" (install the simulator for that interpreter: pip install -e '.[gym]', or build a worker "
                        "environment with python -m rlinf_jax.envs.install NAME and set env.worker_python=NAME)")
@@ -211,6 +271,7 @@ class HostEnvPool:
         step_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
         first_env: int = 0,
+        max_restarts: int = 10,
     ):
         if spec.observation_size < 1:
             spec = describe(spec, start_timeout_s)
@@ -229,6 +290,9 @@ class HostEnvPool:
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self.restarts = 0
         self.num_groups = num_groups
+        self.max_restarts = max_restarts
+        self._waits = 0  # `wait` calls so far: num_groups of them make a step
+        self._replaced_at: deque[int] = deque()  # the `_waits` of each replacement in the window
         self._groups = [slice(g * per, (g + 1) * per) for g in range(num_groups)]
         # Worker w serves slices[w][g] of group g.
         self.slices = [[] for _ in range(num_workers)]
@@ -272,18 +336,31 @@ class HostEnvPool:
         worker = self.workers[w]
         line = worker.read(time.monotonic() + self.start_timeout_s)
         if line is None or not line.startswith("ready"):
-            reason = line[4:] if line and line.startswith("err ") else f"no answer in {self.start_timeout_s:.0f} s"
-            tail = worker.log_tail().strip().splitlines()
-            raise RuntimeError(
-                f"env worker {w} ({self.spec.env_id}, envs {self._envs(w)}) did not start: "
-                f"{reason}" + (f" [{tail[-1]}]" if tail else "")
+            t = self.start_timeout_s
+            reason = _failure(worker, line, f"no answer in {t:g} s (env.worker_start_timeout_s={t:g})")
+            self.workers[w] = None
+            worker.kill()
+            raise BadInput(
+                f"env worker {w} (env.name={self.spec.env_id!r}, envs {self._envs(w)}) did not start: {reason}"
             )
 
     def _replace(self, w: int, reason: str) -> None:
-        """Kills worker ``w`` and starts a replacement that ends and resets its episodes."""
-        self.workers[w].kill()
+        """Kills worker ``w`` and starts a replacement that ends and resets its episodes;
+        one replacement too many within :data:`RESTART_WINDOW` steps stops the run instead."""
+        worker = self.workers[w]
         self.workers[w] = None
+        worker.kill()
         self.restarts += 1
+        self._replaced_at.append(self._waits)
+        while self._replaced_at[0] <= self._waits - RESTART_WINDOW * self.num_groups:
+            self._replaced_at.popleft()
+        if len(self._replaced_at) > self.max_restarts:
+            raise BadInput(
+                f"env.name={self.spec.env_id!r} keeps failing: {len(self._replaced_at)} env worker replacements "
+                f"within {RESTART_WINDOW} steps, more than env.max_worker_restarts={self.max_restarts}; the last, "
+                f"worker {w} (envs {self._envs(w)}): {reason}. Fix the simulator or its env.gym_kwargs, or raise "
+                "env.max_worker_restarts"
+            )
         print(f"warning: env worker {w} (envs {self._envs(w)}) replaced: {reason}", file=sys.stderr)
         self.workers[w] = self._spawn(w, "restart")
         self._await_ready(w)
@@ -310,6 +387,7 @@ class HostEnvPool:
         """Until every worker has answered its command for group ``g``; replaces the ones
         that fail (a replacement ends and resets all its envs, so its other pending
         commands are answered by that too)."""
+        self._waits += 1
         deadline = time.monotonic() + self.step_timeout_s
         for w in range(len(self.workers)):
             worker = self.workers[w]
@@ -321,12 +399,8 @@ class HostEnvPool:
             if line == "ok":
                 worker.pending.pop(0)
                 continue
-            if line is None:
-                code = worker.proc.poll()
-                reason = f"exited with code {code}" if code is not None else f"no answer in {self.step_timeout_s:g} s"
-            else:
-                reason = line[4:] if line.startswith("err ") else f"unexpected answer {line!r}"
-            self._replace(w, reason)
+            t = self.step_timeout_s
+            self._replace(w, _failure(worker, line, f"no answer in {t:g} s (env.step_timeout_s={t:g})"))
             # A deadline missed by one worker is not charged to the next one's answer.
             deadline = max(deadline, time.monotonic() + self.step_timeout_s)
 

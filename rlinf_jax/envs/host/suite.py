@@ -152,6 +152,11 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise BadInput(f"env.{key} must be an integer >= 1, got {value!r}")
     _positive(cfg.step_timeout_s, "step_timeout_s")
+    _positive(cfg.worker_start_timeout_s, "worker_start_timeout_s")
+    restarts = cfg.max_worker_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 0:
+        raise BadInput(f"env.max_worker_restarts must be an integer >= 0 (0 = the first worker failure stops the run), "
+                       f"got {restarts!r}")
     if cfg.reset_mode not in RESET_MODES:
         raise BadInput(f"unknown env.reset_mode {cfg.reset_mode!r}; choose one of {', '.join(RESET_MODES)}")
     camera = cfg.camera
@@ -179,4 +184,4 @@ def host_spec(cfg: EnvConfig) -> HostEnvSpec:
         assets_dir=assets_dir,
         cpus=_worker_cpus(cfg.worker_cpus),
     )
-    return describe(spec)
+    return describe(spec, cfg.worker_start_timeout_s)

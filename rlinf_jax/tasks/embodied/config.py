@@ -15,7 +15,7 @@ ENV = {
     "env.reset_mode", "env.action_repeat",
 }
 HOST = {"env.num_workers", "env.worker_python", "env.step_timeout_s", "env.gym_kwargs", "env.camera", "env.assets_dir",
-        "env.worker_cpus"}
+        "env.worker_cpus", "env.worker_start_timeout_s", "env.max_worker_restarts"}
 TABLETOP = {"env.chunk_length", "env.image_size", "env.group_size", "env.layout", "env.terminate_on_success"}
 PPO = {
     "algorithm.adv_type", "algorithm.loss_type", "algorithm.rollout_length", "algorithm.update_epochs",

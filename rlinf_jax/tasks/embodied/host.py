@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, get_advantage, get_policy_loss
-from rlinf_jax.config.schema import Config
+from rlinf_jax.config.schema import Config, EnvConfig
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.host import HostEnvPool
 from rlinf_jax.errors import BadInput
@@ -83,6 +83,12 @@ def _local(tree):
     """This process's copy of replicated arrays: a jitted call on them and on host data of
     this process alone runs on its own device, with no collective."""
     return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+
+
+def pool_limits(e: EnvConfig) -> dict:
+    """A worker pool's deadlines and restart cap, from the ``env:`` section ``e``."""
+    return {"step_timeout_s": e.step_timeout_s, "start_timeout_s": e.worker_start_timeout_s,
+            "max_restarts": e.max_worker_restarts}
 
 
 class HostPools:
@@ -123,7 +129,7 @@ class HostPools:
             return  # a process of a multi-host run that steps no env
         self.pool = HostEnvPool(
             self.env.spec, hi - lo, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
-            episode_index=episode_index[lo:hi], step_timeout_s=e.step_timeout_s, first_env=lo,
+            episode_index=episode_index[lo:hi], first_env=lo, **pool_limits(e),
         )
 
     def env_counters(self):
@@ -152,8 +158,7 @@ class HostPools:
         if n:
             if self.eval_pool is None:
                 self.eval_pool = HostEnvPool(
-                    self.eval_env.spec, n, min(e.num_workers, n), seed=0, step_timeout_s=e.step_timeout_s,
-                    first_env=lo,
+                    self.eval_env.spec, n, min(e.num_workers, n), seed=0, first_env=lo, **pool_limits(e),
                 )
             pool = self.eval_pool
             pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
