@@ -47,6 +47,13 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from rlinf_jax.crash import report_crash
+
+        return report_crash(e)
     print(json.dumps(summary))
     return 0
 

@@ -32,12 +32,12 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 
+from rlinf_jax.crash import EXIT_CRASHED
 from rlinf_jax.errors import BadInput
 
 # Exit codes of a training process (`python -m rlinf_jax.launch --worker`). Only a crash
-# is worth a restart: bad input, divergence and Ctrl-C would only happen again.
+# (EXIT_CRASHED, 70) is worth a restart: bad input, divergence and Ctrl-C would only happen again.
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_CRASHED = 70  # an uncaught exception (BSD's EX_SOFTWARE)
 FINAL_EXITS = (EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_INTERRUPTED)
 
 # Launcher-side variables that the training processes inherit (Ray's workers would

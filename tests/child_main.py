@@ -6,7 +6,10 @@ so that the parent can tell how long the interpreter then took to exit.
 
 ``RLINF_TEST_FAULT`` = ``sigint`` (a real SIGINT while a checkpoint save is in flight) or
 ``enospc`` (the save fails with a full disk), at the save numbered
-``RLINF_TEST_FAULT_AT`` (1-based, default 2).
+``RLINF_TEST_FAULT_AT`` (1-based, default 2). With ``RLINF_TEST_FAULT_WHERE=thread`` the
+fault comes from inside orbax's own background thread that writes the metadata once the
+arrays are committed, with the save's other threads still running: where a real Ctrl-C
+or a real full disk meets a save most of the time.
 """
 
 import errno
@@ -39,6 +42,26 @@ if fault:
             elif fault == "enospc":
                 raise OSError(errno.ENOSPC, "No space left on device")
         return out
+
+    if os.environ.get("RLINF_TEST_FAULT_WHERE") == "thread":
+        from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as handler
+
+        real_write = handler.BasePyTreeCheckpointHandler._write_metadata_after_commits
+
+        async def write_metadata(self, *args, **kwargs):
+            if calls["n"] == fault_at:
+                if fault == "sigint":
+                    os.kill(os.getpid(), signal.SIGINT)  # lands in the main thread, waiting on this one
+                    time.sleep(0.5)
+                elif fault == "enospc":
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            return await real_write(self, *args, **kwargs)
+
+        handler.BasePyTreeCheckpointHandler._write_metadata_after_commits = write_metadata
+
+        def save(self, *args, **kwargs):
+            calls["n"] += 1
+            return real_save(self, *args, **kwargs)
 
     ocp.CheckpointManager.save = save
 

@@ -62,12 +62,14 @@ def run_cli(args, env_extra=None, **kwargs):
 
 
 def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: int = 2, timeout: float = 600,
-              env: dict | None = None):
+              env: dict | None = None, fault_where: str = ""):
     """``python -m rlinf_jax.<entry> args`` in a child process (`tests/child_main.py`), with an
-    optional fault; returns ``(completed process, seconds between main returning and the
-    process exiting)``; the lag is None when main never returned (a crash)."""
+    optional fault (``fault_where="thread"``: from inside orbax's background thread);
+    returns ``(completed process, seconds between main returning and the process
+    exiting)``; the lag is None when main never returned (a crash)."""
     marker = Path(tmp_path) / f"returned.{os.getpid()}.{time.monotonic_ns()}"
-    env = {**(os.environ if env is None else env), "RLINF_TEST_FAULT": fault or "", "RLINF_TEST_FAULT_AT": str(fault_at)}
+    env = {**(os.environ if env is None else env), "RLINF_TEST_FAULT": fault or "", "RLINF_TEST_FAULT_AT": str(fault_at),
+           "RLINF_TEST_FAULT_WHERE": fault_where}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "child_main.py"), str(marker), entry, *args],
         capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT,

@@ -6,7 +6,7 @@ The floors, top to bottom (docs/architecture.md):
 
     launch -> train / evaluate / convert / collect / profile -> api -> tasks -> flow -> rollout
       -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay, kernels
-      -> errors
+      -> errors, crash
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlinf_jax"
 
 FLOORS = {
     "errors": 0,
+    "crash": 0,
     "algos": 1,
     "replay": 1,
     "kernels": 1,

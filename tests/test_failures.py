@@ -5,7 +5,11 @@ destroys, bad input is one line. docs/failure_behaviour.md states these promises
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -13,13 +17,16 @@ import jax
 import numpy as np
 import pytest
 
+import rlinf_jax.tasks.embodied.run as embodied_run
 from rlinf_jax.flow.host_loop import TrainingDiverged
 from rlinf_jax.runtime import Checkpointer, read_metrics
+from rlinf_jax.runtime.run_lock import LOCK_FILE
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.train import main
 from tests.conftest import TINY, run_child
 from tests.test_sft import TINY_LM
+from tests.test_run_lock import HOLDER
 from tests.test_tensorboard import check_run
 from tests.test_vla_flow import TINY_VLA
 
@@ -127,28 +134,42 @@ def test_convert_exits_promptly_on_success_and_on_bad_input(tmp_path):
     assert lag is not None and lag < PROMPT_S, lag
 
 
+def _only_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+# "": the fault lands in the main thread once orbax's save returned; "thread": inside orbax's
+# own background thread with the save's other threads running (their failures once
+# printed 28-660 lines of tracebacks around ours, and left the temporary folder behind).
 @pytest.mark.slow
-def test_ctrl_c_during_a_save_exits_130_and_keeps_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("where", ["", "thread"])
+def test_ctrl_c_during_a_save_exits_130_and_keeps_the_last_checkpoint(tmp_path, where):
     proc, lag = run_child("train", _run_dir_args(tmp_path, "r", "runner.max_steps=4", "runner.save_interval=1"),
-                          tmp_path, fault="sigint", fault_at=2)
+                          tmp_path, fault="sigint", fault_at=2, fault_where=where)
     assert proc.returncode == 130, proc.stderr[-3000:]
-    assert "interrupted:" in proc.stderr and lag is not None and lag < PROMPT_S, (proc.stderr[-2000:], lag)
+    assert _only_line(proc.stderr).startswith("interrupted:") and lag is not None and lag < PROMPT_S, lag
     with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [1]  # the interrupted save left nothing behind
+    assert [p.name for p in (tmp_path / "r" / "checkpoints").iterdir()] == ["1"]  # no temporary folder either
     # ... and the run continues from there.
     assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=3", "runner.save_interval=1", "runner.resume=auto")) == 0
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_error_line_and_keeps_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("where", ["", "thread"])
+def test_a_full_disk_is_one_error_line_and_keeps_the_last_checkpoint(tmp_path, where):
     proc, lag = run_child("train", _run_dir_args(tmp_path, "r", "runner.max_steps=4", "runner.save_interval=1"),
-                          tmp_path, fault="enospc", fault_at=2)
+                          tmp_path, fault="enospc", fault_at=2, fault_where=where)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    line = _one_error_line(proc.stderr)
-    assert "No space left on device" in line and "latest complete checkpoint is step 1" in line
+    line = _only_line(proc.stderr)
+    assert line.startswith("error: ") and "(No space left on device)" in line
+    assert "latest complete checkpoint is step 1" in line
     assert lag is not None and lag < PROMPT_S
     with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [1] and ckpt.verified(1, None)
+    assert [p.name for p in (tmp_path / "r" / "checkpoints").iterdir()] == ["1"]
 
 
 @pytest.mark.slow
@@ -252,3 +273,100 @@ def test_a_disk_that_fills_while_logging_is_one_error_line(tmp_path, monkeypatch
     monkeypatch.setattr(MetricsLogger, "log", real_log)
     with Checkpointer(tmp_path / "r" / "checkpoints") as ckpt:
         assert ckpt.latest_step() is not None and ckpt.verified(ckpt.latest_step(), None)
+
+
+def test_a_finished_run_has_nothing_to_do_and_a_live_one_refuses_a_second_writer(tmp_path, capsys, monkeypatch):
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=2", "runner.save_interval=1")) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.yaml", "placement.json", "metrics.jsonl"):  # every file reads alike
+        assert (tmp_path / "r" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    assert not (tmp_path / "r" / LOCK_FILE).exists()  # released at the end
+    capsys.readouterr()
+    before = _files(tmp_path / "r")
+    # Nothing left to train: one line and exit 0, before anything is built or compiled.
+    monkeypatch.setattr(embodied_run, "make_setup", lambda cfg: pytest.fail("a setup was built"))
+    for steps in (2, 1):
+        assert main(_run_dir_args(tmp_path, "r", f"runner.max_steps={steps}", "runner.resume=auto")) == 0
+        out = capsys.readouterr().out.strip()
+        assert out.startswith("nothing to do:") and "\n" not in out, out
+        assert "at step 2" in out and f"runner.max_steps={steps}" in out
+    assert _files(tmp_path / "r") == before
+    # While another process writes the folder, a second writer (a resume included) is
+    # refused in one line naming it, before it reads a checkpoint the holder may rotate.
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "r")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _files(tmp_path / "r")
+        for resume in ("none", "auto"):
+            assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=4", f"runner.resume={resume}")) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith("error: run folder ") and "\n" not in err, err
+            assert f"is in use by pid {holder.pid}" in err
+        assert _files(tmp_path / "r") == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_a_crash_exits_70_with_one_line_and_the_traceback_in_the_run_folder(tmp_path, capsys, monkeypatch):
+    def setup_with_a_bug(cfg):
+        raise RuntimeError("an unexpected bug")
+
+    monkeypatch.setattr(embodied_run, "make_setup", setup_with_a_bug)
+    assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=1")) == 70
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("crash: RuntimeError: an unexpected bug (the traceback is in ") and "\n" not in err, err
+    report = Path(err.split("the traceback is in ")[1].split(";")[0])
+    assert report.parent == tmp_path / "r" and report.name.startswith("crash-")
+    text = report.read_text()
+    assert "Traceback (most recent call last)" in text and "in setup_with_a_bug" in text
+    assert not (tmp_path / "r" / LOCK_FILE).exists()
+
+
+def test_the_other_commands_exit_70_on_a_crash(tmp_path, capsys, monkeypatch):
+    import rlinf_jax.api
+    from rlinf_jax.collect import main as collect_main
+    from rlinf_jax.convert import main as convert_main
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where reports go without a run folder
+
+    monkeypatch.setattr(rlinf_jax.api, "convert", broken)
+    assert convert_main(["--from", str(tmp_path / "hf"), "--to", str(tmp_path / "out")]) == 70
+    monkeypatch.setattr("rlinf_jax.collect._collect", broken)
+    assert collect_main([str(tmp_path), "--transitions", "4", "--out", str(tmp_path / "t.parquet")]) == 70
+    for line in capsys.readouterr().err.strip().splitlines():
+        assert line.startswith("crash: KeyError: 'a bug' (the traceback is in "), line
+        assert "in broken" in Path(line.split("the traceback is in ")[1].split(";")[0]).read_text()
+
+
+def test_a_folder_of_numbered_folders_that_are_not_checkpoints_is_one_line(tmp_path):
+    for step in range(1, 7):
+        (tmp_path / "n" / "checkpoints" / str(step)).mkdir(parents=True)
+    # max_steps below the highest number: still not "nothing to do", since none is a checkpoint.
+    proc, _ = run_child("train", _run_dir_args(tmp_path, "n", "runner.max_steps=2", "runner.resume=auto"), tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _only_line(proc.stderr)  # orbax's dozen warnings about missing metadata once came first
+    assert line.startswith("error: checkpoint ") and "checkpoints/6 is corrupt or unreadable" in line
+
+
+def test_evaluate_exits_70_on_a_crash_with_the_report_in_the_run_folder(tmp_path, capsys, monkeypatch):
+    from rlinf_jax.evaluate import main as evaluate_main
+
+    run_dir = tmp_path / "r"
+    (run_dir / "checkpoints" / "3").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("")
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr("rlinf_jax.tasks.saved.evaluate_run", broken)
+    assert evaluate_main([str(run_dir / "checkpoints" / "3")]) == 70
+    line = _only_line(capsys.readouterr().err)
+    assert line.startswith("crash: ZeroDivisionError: a bug (the traceback is in ")
+    report = Path(line.split("the traceback is in ")[1].split(";")[0])
+    assert report.parent == run_dir and "in broken" in report.read_text()

@@ -21,9 +21,11 @@ metric is the headline, what placement.json says. Ctrl-C propagates as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +41,7 @@ from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, list_steps, r
 from rlinf_jax.runtime.checkpoint import ResumePoint
 from rlinf_jax.runtime.distributed import barrier, heartbeat, is_multiprocess, is_primary
 from rlinf_jax.runtime.files import fs_error_text, is_user_fs_error, write_atomic
+from rlinf_jax.runtime.run_lock import lock_run_folder
 from rlinf_jax.sharding.mesh import fetch, spans_all_processes
 
 
@@ -96,25 +99,61 @@ def checkpoint_state(trainer, state):
     return checkpoint_view(snapshot) if is_multiprocess() else jax.device_get(snapshot)
 
 
-def open_run_dir(cfg: Config) -> tuple[RunDir, ResumePoint | None]:
-    """The run directory and the checkpoint ``runner.resume`` points at (None: fresh start).
+@dataclass
+class NothingToDo:
+    """What a run returns when its checkpoint is already at (or past) ``runner.max_steps``:
+    found before anything is built or compiled."""
 
-    Checked before any trainer is built: a fresh start must not overwrite a run.
+    run_dir: Path
+    step: int
+    max_steps: int
+
+    def text(self) -> str:
+        return (
+            f"nothing to do: the checkpoint of {self.run_dir} is at step {self.step} and runner.max_steps="
+            f"{self.max_steps}; raise runner.max_steps to train further"
+        )
+
+
+@dataclass
+class OpenRun:
+    """A run folder claimed for writing: where to resume from, or that there is nothing to do."""
+
+    run_dir: RunDir
+    resume_path: ResumePoint | None
+    done: NothingToDo | None
+
+
+@contextlib.contextmanager
+def open_run_dir(cfg: Config) -> Iterator[OpenRun]:
+    """The run directory, locked for this run's life, and the checkpoint ``runner.resume``
+    points at (None: fresh start).
+
+    The lock comes first: a second writer is refused before it reads checkpoints that the
+    holder may be rotating away. Then, before any trainer is built, a fresh start is
+    checked not to overwrite a run, and a resume that has nothing left to do says so.
     """
     run_dir = RunDir.from_config(cfg)
-    resume_path = resolve_resume(cfg, run_dir)
-    if resume_path is None and cfg.runner.resume == "none" and not cfg.runner.resume_overwrite:
-        if run_dir.has_checkpoints():
-            raise BadInput(
-                f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
-                "or choose another runner.experiment_name"
-            )
-        if run_dir.metrics_jsonl.is_file() and read_metrics(run_dir.metrics_jsonl):
-            raise BadInput(
-                f"{run_dir.path} holds the metrics of a run that saved no checkpoint; runner.resume=auto starts "
-                "it over (its records are dropped), or choose another runner.experiment_name"
-            )
-    return run_dir, resume_path
+    lock = lock_run_folder(run_dir.path, primary=is_primary())
+    try:
+        resume_path = resolve_resume(cfg, run_dir)
+        if resume_path is None and cfg.runner.resume == "none" and not cfg.runner.resume_overwrite:
+            if run_dir.has_checkpoints():
+                raise BadInput(
+                    f"{run_dir.path} already holds checkpoints; pass runner.resume=auto to continue that run "
+                    "or choose another runner.experiment_name"
+                )
+            if run_dir.metrics_jsonl.is_file() and read_metrics(run_dir.metrics_jsonl):
+                raise BadInput(
+                    f"{run_dir.path} holds the metrics of a run that saved no checkpoint; runner.resume=auto starts "
+                    "it over (its records are dropped), or choose another runner.experiment_name"
+                )
+        done = None
+        if resume_path is not None and resume_path.step >= cfg.runner.max_steps and resume_path.looks_saved():
+            done = NothingToDo(run_dir.path, resume_path.step, cfg.runner.max_steps)
+        yield OpenRun(run_dir, resume_path, done)
+    finally:
+        lock.release()
 
 
 def refuse_to_destroy(cfg: Config, run_dir: RunDir, resume_path: ResumePoint | None, resumed_from: int | None) -> None:

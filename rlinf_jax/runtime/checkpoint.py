@@ -27,11 +27,14 @@ import contextlib
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,12 +46,27 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import barrier, is_primary
-from rlinf_jax.runtime.files import is_user_fs_error, write_atomic
+from rlinf_jax.runtime.files import fs_error_text, is_user_fs_error, write_atomic
 
 STATE, META = "state", "meta"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's marker of a step folder still being written
 CHECKSUMS = "checksums.json"
+ORBAX_METADATA = "_CHECKPOINT_METADATA"  # written into every step folder orbax finished
 _NO_EXPLANATION = object()  # a read whose failure needs no fallback named
+
+
+@contextlib.contextmanager
+def _listing_quietly():
+    """Orbax warns once per numbered folder without its metadata file, each time it lists
+    a folder (a dozen lines before our one line about a folder of such): what it would
+    say is ours to say, so its warnings are held back while it lists and reads."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logger.setLevel(level)
 
 
 def list_steps(directory: str | os.PathLike) -> list[int]:
@@ -56,7 +74,8 @@ def list_steps(directory: str | os.PathLike) -> list[int]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(ocp.path.step.checkpoint_steps(directory))
+    with _listing_quietly():
+        return sorted(ocp.path.step.checkpoint_steps(directory))
 
 
 def _key_str(key) -> str:
@@ -185,25 +204,44 @@ def _mismatch(expected: dict, state, meta: dict) -> str | None:
 
 
 _SETTLE_S, _SETTLE_MAX_S = 0.3, 3.0
+_THREADS_MAX_S = 20.0  # how long a failed save's background threads get to end
+
+
+def _join_new_threads(before: set[threading.Thread], timeout_s: float) -> None:
+    """Waits (up to ``timeout_s`` in all) until the threads started since ``before`` have
+    ended: a failed save's writers, which would otherwise print their own failures later,
+    or write into the temporary folder we are about to remove. Listed again after each
+    join, since a writer may start a thread of its own (``asyncio.to_thread``) late."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t not in before and t is not threading.current_thread()]
+        if not alive:
+            return
+        alive[0].join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 @contextlib.contextmanager
-def _orphaned_reads_dropped():
-    """Drops what the reads of a failed restore print to stderr.
+def _quiet_if_failed(settle_threads: bool = False):
+    """Drops what a failed read or save of orbax's prints to stderr.
 
-    When one array of a damaged checkpoint fails to read, orbax's restore raises and closes
-    its event loop while tensorstore's other reads are still running; each of those then
-    fails to post its result to the closed loop and tensorstore prints the traceback itself
-    (from its own threads, past Python's hooks), and the abandoned asyncio tasks log "Task
-    exception was never retrieved" when collected: dozens of tracebacks around our one
-    ``error:`` line, which already names the failure. So while orbax reads, the process's
-    stderr (file descriptor 2) goes to a file. After a success what was written is passed
-    on; after a failure the orphaned reads are given until the file stops growing (at most
-    a few seconds), the abandoned tasks are collected, and what was written is dropped.
+    When one array of a damaged checkpoint fails to read, or a save is cut off by Ctrl-C
+    or a full disk, orbax raises and closes its event loop while tensorstore's other
+    reads and writes, and orbax's own background threads (``write_metadata_after_commits``),
+    are still running; each of those then fails on its own and prints the traceback itself
+    (from its own threads, past Python's hooks: "Event loop is closed", "cannot schedule
+    new futures after shutdown", "No space left on device"), and the abandoned asyncio
+    tasks log "Task exception was never retrieved" when collected: dozens of tracebacks
+    around our one ``error:`` line, which already names the failure. So while orbax works,
+    the process's stderr (file descriptor 2) goes to a file. After a success what was
+    written is passed on; after a failure the stragglers are given time to end (with
+    ``settle_threads``, the threads started inside are joined; then until the file stops
+    growing, at most a few seconds), the abandoned tasks are collected, and what was
+    written is dropped.
     """
     sys.stderr.flush()
     saved = os.dup(2)
     failed = False
+    before = set(threading.enumerate())
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
@@ -213,6 +251,8 @@ def _orphaned_reads_dropped():
             raise
         finally:
             if failed:
+                if settle_threads:
+                    _join_new_threads(before, _THREADS_MAX_S)
                 size, t0 = -1, time.monotonic()
                 while os.fstat(captured.fileno()).st_size != size and time.monotonic() - t0 < _SETTLE_MAX_S:
                     size = os.fstat(captured.fileno()).st_size
@@ -238,6 +278,11 @@ class ResumePoint(NamedTuple):
     @property
     def path(self) -> Path:
         return self.directory / str(self.step)
+
+    def looks_saved(self) -> bool:
+        """Whether the step folder holds the metadata file every finished save writes (a
+        numbered folder of something else does not); a restore still verifies it."""
+        return (self.path / ORBAX_METADATA).is_file()
 
 
 class Checkpointer:
@@ -275,7 +320,8 @@ class Checkpointer:
                 # Synchronous: save() returns with the step renamed into place.
                 enable_async_checkpointing=False,
             )
-            self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+            with _listing_quietly():  # the manager lists the folder as it starts
+                self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
         return self._manager
 
     def close(self) -> None:
@@ -333,17 +379,32 @@ class Checkpointer:
         if exists:
             mngr.delete(step)
         try:
-            mngr.save(
-                step,
-                args=ocp.args.Composite(
-                    **{STATE: ocp.args.StandardSave(jax.tree.map(_placeholder, state)), META: ocp.args.JsonSave(meta)}
-                ),
-                force=True,
-            )
-            mngr.wait_until_finished()
-            sums = checksums(state, meta)
-            if is_primary():
-                write_atomic(self.step_path(step) / CHECKSUMS, json.dumps(sums))
+            with _quiet_if_failed(settle_threads=True):
+                try:
+                    mngr.save(
+                        step,
+                        args=ocp.args.Composite(
+                            **{
+                                STATE: ocp.args.StandardSave(jax.tree.map(_placeholder, state)),
+                                META: ocp.args.JsonSave(meta),
+                            }
+                        ),
+                        force=True,
+                    )
+                    mngr.wait_until_finished()
+                    sums = checksums(state, meta)
+                    if is_primary():
+                        write_atomic(self.step_path(step) / CHECKSUMS, json.dumps(sums))
+                except BaseException as failure:
+                    # The manager of a save cut off half-way is closed (its threads
+                    # joined by the context) and a fresh one made for what follows. The
+                    # failure's frames let go of it and of its abandoned asyncio tasks, so
+                    # that the context collects them while their complaints are dropped,
+                    # not when the exception is finally released, past our error line.
+                    self._abandon_manager()
+                    mngr = None
+                    traceback.clear_frames(failure.__traceback__)
+                    raise
             barrier(f"rlinf_checkpoint_summed_{step}")
         except BaseException as e:
             # A save cut off by Ctrl-C, a full disk or anything else leaves no step behind
@@ -353,11 +414,19 @@ class Checkpointer:
                 prev = [s for s in self.all_steps() if s != step]
                 kept = f"the latest complete checkpoint is step {prev[-1]}" if prev else "no earlier checkpoint exists"
                 raise BadInput(
-                    f"cannot write checkpoint {step} in {self.directory} ({_short(e)}); {kept}; free space (or fix "
-                    "the folder's permissions) and continue with runner.resume=auto"
+                    f"cannot write checkpoint {step} in {self.directory} ({fs_error_text(e)}); {kept}; free space (or "
+                    "fix the folder's permissions) and continue with runner.resume=auto"
                 ) from None
             raise
         return self.step_path(step)
+
+    def _abandon_manager(self) -> None:
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            try:
+                manager.close()
+            except BaseException:
+                pass  # it failed mid-save: what it says is the failure we already report
 
     def _drop_unfinished(self, step: int) -> None:
         if not is_primary():
@@ -367,11 +436,6 @@ class Checkpointer:
         path = self.step_path(step)
         if path.is_dir() and not (path / CHECKSUMS).is_file():
             shutil.rmtree(path, ignore_errors=True)
-        if self._manager is not None:
-            try:
-                self._manager.reload()
-            except Exception:
-                pass
 
     def _sweep_partial_saves(self) -> None:
         # Temp folders of saves cut off by a crash: never valid, only disk. We are the
@@ -428,16 +492,17 @@ class Checkpointer:
         if target is not None:
             target = jax.tree.map(_placeholder, target)
         mngr = self._mngr()
-        mngr.reload()
+        with _listing_quietly():
+            mngr.reload()
         try:
-            with _orphaned_reads_dropped():  # reading the metadata opens every array too
+            with _quiet_if_failed(), _listing_quietly():  # reading the metadata opens every array too
                 saved = mngr.item_metadata(step)[STATE]
         except Exception as e:  # orbax raises anything from JSONDecodeError to KeyError
             raise self._corrupt(step, steps, e, target if explain else _NO_EXPLANATION) from e
         if target is not None and saved is not None and getattr(saved, "tree", None) is not None:
             self._check_fits(step, saved.tree, target)
         try:
-            with _orphaned_reads_dropped():
+            with _quiet_if_failed():
                 restored = mngr.restore(
                     step,
                     args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}),

@@ -116,6 +116,23 @@ def barrier(name: str, timeout_s: float = 1800.0) -> None:
         jax_distributed.global_state.client.wait_at_barrier(key, int(timeout_s * 1000))
 
 
+_shared_count = itertools.count()
+
+
+def from_primary(name: str, value: str, timeout_s: float = 1800.0) -> str:
+    """Process 0's ``value`` on every process (free with one process): for a decision only
+    process 0 can make, such as whether it got the run folder's lock. Through the
+    coordination service's key-value store, like `barrier`."""
+    if not is_multiprocess():
+        return value
+    key = f"rlinf:{name}:{next(_shared_count)}"
+    client = jax_distributed.global_state.client
+    if jax.process_index() == 0:
+        client.key_value_set(key, "=" + value)  # never empty: the store may refuse ""
+        return value
+    return client.blocking_key_value_get(key, int(timeout_s * 1000))[1:]
+
+
 @contextlib.contextmanager
 def local_devices_first():
     """Within it, a bare `jax.devices()` lists this process's own devices.

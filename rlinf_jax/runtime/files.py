@@ -13,6 +13,13 @@ USER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 # The same errors as libraries re-raise them as text (orbax wraps them in its own types).
 USER_ERROR_TEXT = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
 
+# The permissions a plain `open(path, "w")` would give: mkstemp makes its file 0600, and
+# a replaced file should read like every other file of the run folder (0644 under the
+# usual umask). Read once, at import, while no other thread can change the umask.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
 
 def is_user_fs_error(e: BaseException) -> bool:
     """Whether ``e`` is a full disk, a quota, a read-only file system or a permission."""
@@ -36,6 +43,7 @@ def write_atomic(path: Path, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), FILE_MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -12,7 +12,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
-from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
@@ -75,23 +75,26 @@ class OffPolicyLoop(HostLoop):
         metrics["env/steps"] = (step - offline) * t.env_steps_per_iteration
 
 
-def run(cfg: Config, console=None) -> RunSummary:
+def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
     """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    run_dir, resume_path = open_run_dir(cfg)
-    trainer = build_trainer(cfg)
-    result = OffPolicyLoop(cfg, trainer, run_dir, resume_path, console).run()
-    per_iteration = trainer.env_steps_per_iteration
-    ran = result.step - result.start_step
-    offline = min(cfg.algorithm.offline_iterations, result.step)
-    return RunSummary(
-        run_dir=result.run_dir,
-        steps=result.step,
-        env_steps=(result.step - offline) * per_iteration,
-        eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
-        env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
-        compile_sec=result.compile_sec,
-        wall_sec=time.perf_counter() - t_start,
-        resumed_from=result.resumed_from,
-    )
+    with open_run_dir(cfg) as opened:
+        if opened.done is not None:
+            return opened.done
+        run_dir, resume_path = opened.run_dir, opened.resume_path
+        trainer = build_trainer(cfg)
+        result = OffPolicyLoop(cfg, trainer, run_dir, resume_path, console).run()
+        per_iteration = trainer.env_steps_per_iteration
+        ran = result.step - result.start_step
+        offline = min(cfg.algorithm.offline_iterations, result.step)
+        return RunSummary(
+            run_dir=result.run_dir,
+            steps=result.step,
+            env_steps=(result.step - offline) * per_iteration,
+            eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
+            env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+            compile_sec=result.compile_sec,
+            wall_sec=time.perf_counter() - t_start,
+            resumed_from=result.resumed_from,
+        )

@@ -15,7 +15,7 @@ from pathlib import Path
 from rlinf_jax.config.loader import config_to_yaml, load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.host_loop import enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.host_loop import NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.runtime import RunDir, list_steps
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.tasks.reasoning.config import check_algorithm
@@ -76,17 +76,20 @@ def warm_start(cfg: Config, console=None) -> Path | None:
     return sft_dir.path
 
 
-def run(cfg: Config, console=None) -> LMRunSummary:
+def run(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
     """Trains (or resumes) the reasoning run ``cfg`` describes; returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    run_dir, resume_path = open_run_dir(cfg)
-    check_algorithm(cfg)  # before a warm start spends minutes
-    warm = warm_start(cfg, console)
-    train_cfg = cfg
-    if warm is not None:
-        train_cfg = copy.deepcopy(cfg)
-        train_cfg.actor.model.path = str(warm)
-    trainer = ReasoningTrainer(train_cfg)
-    result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
-    return LMRunSummary.of(result, "reasoning", trainer.samples_per_iteration, time.perf_counter() - t_start, warm)
+    with open_run_dir(cfg) as opened:
+        if opened.done is not None:
+            return opened.done
+        run_dir, resume_path = opened.run_dir, opened.resume_path
+        check_algorithm(cfg)  # before a warm start spends minutes
+        warm = warm_start(cfg, console)
+        train_cfg = cfg
+        if warm is not None:
+            train_cfg = copy.deepcopy(cfg)
+            train_cfg.actor.model.path = str(warm)
+        trainer = ReasoningTrainer(train_cfg)
+        result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
+        return LMRunSummary.of(result, "reasoning", trainer.samples_per_iteration, time.perf_counter() - t_start, warm)

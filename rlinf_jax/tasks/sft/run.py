@@ -7,16 +7,19 @@ from __future__ import annotations
 import time
 
 from rlinf_jax.config.schema import Config
-from rlinf_jax.flow.host_loop import enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.host_loop import NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.tasks.sft.lm import SFTTrainer
 from rlinf_jax.tasks.sft.loop import LMLoop, LMRunSummary
 
 
-def run_lm(cfg: Config, console=None) -> LMRunSummary:
+def run_lm(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
     """Trains (or resumes) the language-model SFT run ``cfg`` describes."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    run_dir, resume_path = open_run_dir(cfg)
-    trainer = SFTTrainer(cfg)
-    result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
-    return LMRunSummary.of(result, "sft", trainer.samples_per_iteration, time.perf_counter() - t_start)
+    with open_run_dir(cfg) as opened:
+        if opened.done is not None:
+            return opened.done
+        run_dir, resume_path = opened.run_dir, opened.resume_path
+        trainer = SFTTrainer(cfg)
+        result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
+        return LMRunSummary.of(result, "sft", trainer.samples_per_iteration, time.perf_counter() - t_start)

@@ -26,7 +26,7 @@ import numpy as np
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import visits
 from rlinf_jax.sharding.mesh import fetch
@@ -169,12 +169,15 @@ def build(cfg: Config) -> VLASFTTrainer:
     return VLASFTTrainer(cfg, placed_trainer(cfg, make_setup(cfg)))
 
 
-def run(cfg: Config, console=None) -> LMRunSummary:
+def run(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
-    run_dir, resume_path = open_run_dir(cfg)
-    trainer = build(cfg)
-    result = VLASFTLoop(cfg, trainer, run_dir, resume_path, console).run()
-    return LMRunSummary.of(
-        result, "sft", trainer.batch_size, time.perf_counter() - t_start, metric="success"
-    )
+    with open_run_dir(cfg) as opened:
+        if opened.done is not None:
+            return opened.done
+        run_dir, resume_path = opened.run_dir, opened.resume_path
+        trainer = build(cfg)
+        result = VLASFTLoop(cfg, trainer, run_dir, resume_path, console).run()
+        return LMRunSummary.of(
+            result, "sft", trainer.batch_size, time.perf_counter() - t_start, metric="success"
+        )
