@@ -256,6 +256,16 @@ def test_unknown_recipe_lists_available():
     assert "ppo_brx" in msg and "did you mean ppo_brax?" in msg and "available recipes: " in msg
 
 
+def test_a_recipe_name_with_its_yaml_suffix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ppo_brax.yaml here: the packaged recipe is meant
+    assert load_config("ppo_brax.yaml") == load_config("ppo_brax")
+    msg = bad(name="ppo_brx.yaml")
+    assert "ppo_brx.yaml does not exist" in msg and "did you mean ppo_brax?" in msg
+    # A file of that name where the command runs is the file, not the recipe.
+    (tmp_path / "ppo_brax.yaml").write_text("runner:\n  max_steps: 7\n")
+    assert load_config("ppo_brax.yaml").runner.max_steps == 7
+
+
 def test_unknown_key_in_recipe_yaml(tmp_path):
     write(tmp_path, "r", """
         runner:

@@ -353,10 +353,12 @@ def _rewrite_type_error(e: OmegaConfBaseException, layer: dict, where: str) -> B
 class Origins:
     """Where each key a run's config sets explicitly came from: the recipe's own file or an
     override (``explicit``), or a ``base:`` recipe it builds on (``inherited``). Keys left
-    at their schema default appear in neither."""
+    at their schema default appear in neither. ``overridden`` holds the keys an override
+    set (the command line's ``key=value``), the user's word over any recipe."""
 
     explicit: dict[str, str] = dataclasses.field(default_factory=dict)
     inherited: dict[str, str] = dataclasses.field(default_factory=dict)
+    overridden: set[str] = dataclasses.field(default_factory=set)
 
 
 def _leaf_paths(tree: dict, prefix: str = ""):
@@ -393,6 +395,7 @@ def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> tuple[Co
         for path in _leaf_paths(layer):
             origins.explicit[path] = where
             origins.inherited.pop(path, None)
+            origins.overridden.add(path)
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -410,12 +413,23 @@ def compose(
     recipe_dir = Path(config_dir) if config_dir is not None else RECIPE_DIR
     if str(config_name).endswith((".yaml", ".yml")) or os.sep in str(config_name):
         path = Path(config_name)
+        if not path.is_file() and os.sep not in str(config_name) and path.stem in list_recipes(recipe_dir):
+            # `ppo_brax.yaml` with no such file here: the packaged recipe of that name.
+            path = recipe_dir / f"{path.stem}.yaml"
         if not path.is_file():
-            raise _bad(f"config file {config_name} does not exist; pass a recipe name ({', '.join(list_recipes(recipe_dir))}) or an existing .yaml path")
+            raise _bad(_missing_config_file(str(config_name), recipe_dir))
         layers = _load_layers(path, "config file", recipe_dir)
     else:
         layers = _load_layers(_recipe_path(str(config_name), recipe_dir), "recipe", recipe_dir)
     return _build(layers, overrides)
+
+
+def _missing_config_file(name: str, recipe_dir: Path) -> str:
+    available = list_recipes(recipe_dir)
+    close = difflib.get_close_matches(Path(name).stem, available, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (f"config file {name} does not exist; {hint}pass a recipe name ({', '.join(available)}) "
+            "or an existing .yaml path")
 
 
 def load_config(

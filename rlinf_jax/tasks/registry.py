@@ -77,6 +77,9 @@ class Task:
     reads: Callable[[Config], Reads]
     check: Callable[[Config], None]
     article: str = "a"  # as the name is spoken: "an sft run"
+    # Fills what the run takes from the files its config names unless the command line set
+    # it (the keys in the set): a language model directory's tokenizer.
+    resolve: Callable[[Config, set[str]], None] = lambda cfg, overridden: None
 
     def describe(self, cfg: Config) -> str:
         kind = cfg.actor.model.kind
@@ -97,9 +100,10 @@ TASKS: dict[str, Task] = {
         "offpolicy", _offpolicy_run, _offpolicy_components, offpolicy_config.reads,
         offpolicy_config.check, "an",
     ),
-    "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an"),
+    "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm),
     "reasoning": Task(
-        "reasoning", _reasoning_run, reasoning_config.components, reasoning_config.reads, reasoning_config.check
+        "reasoning", _reasoning_run, reasoning_config.components, reasoning_config.reads, reasoning_config.check,
+        resolve=sft_config.resolve_lm,
     ),
 }
 
@@ -114,9 +118,11 @@ def task_of(cfg: Config) -> Task:
 def load_run_config(config_name: str, overrides=(), config_dir=None, warn=None) -> Config:
     """The config of a run from a recipe and overrides, checked against what its task reads:
     a key set here that the task would ignore is bad input; keys a base recipe set that it
-    ignores are named in one line passed to ``warn``."""
+    ignores are named in one line passed to ``warn``. Values the task takes from the files
+    the config names (`Task.resolve`) are filled in first."""
     cfg, origins = compose(config_name, overrides, config_dir)
     task = task_of(cfg)
+    task.resolve(cfg, origins.overridden)
     task.check(cfg)
     note = check_reads(cfg, origins, task.reads(cfg), task.describe(cfg))
     if note is not None and warn is not None:

@@ -31,12 +31,14 @@ from rlinf_jax.tasks.reasoning.agent_collect import AgentCollector
 from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy, load_policy
 
 
-def _settings(checkpoint: Path, overrides):
-    """``(cfg, load_model, step, label)`` for a run checkpoint or a model directory."""
+def lm_settings(checkpoint: Path, overrides):
+    """``(cfg, load_model, step, source)`` for a run checkpoint or a model directory: the
+    settings to sample it with, a function that loads the model, the checkpoint's step (None
+    for a model directory) and the step folder or model directory the model comes from."""
     if checkpoint.is_dir() and (checkpoint / "config.json").is_file():
         cfg = load_config("grpo_math", [f"data.tokenizer={checkpoint}", f"actor.model.path={checkpoint}",
                                         "data.template=math", *overrides])
-        return cfg, lambda: load_policy(cfg).model, None, checkpoint.name
+        return cfg, lambda: load_policy(cfg).model, None, checkpoint
     point = find_checkpoint(checkpoint, "--checkpoint")
     config_path = Path(point.directory).parent / "config.yaml"
     if not config_path.is_file():
@@ -47,7 +49,7 @@ def _settings(checkpoint: Path, overrides):
             f"{point.path} is a checkpoint of an {cfg.runner.task} run; --checkpoint is for language models "
             "(evaluate an embodied run with: python -m rlinf_jax.evaluate RUN_FOLDER)"
         )
-    return cfg, lambda: load_checkpoint_policy(point.path)[0], point.step, None
+    return cfg, lambda: load_checkpoint_policy(point.path)[0], point.step, Path(point.path)
 
 
 def evaluate_lm(checkpoint, data=None, overrides=(), seed: int = 0, ks=None, n=None, temperature=None,
@@ -63,7 +65,7 @@ def evaluate_lm(checkpoint, data=None, overrides=(), seed: int = 0, ks=None, n=N
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise BadInput(f"--checkpoint {checkpoint}: no such path; give a run folder, a checkpoint or a model directory")
-    cfg, load_model, step, model_name = _settings(checkpoint, overrides)
+    cfg, load_model, step, source = lm_settings(checkpoint, overrides)
     # The data is read before the model, so a bad file fails fast.
     if data is not None:
         dataset = load_prompt_dataset(data, cfg.data.prompt_key, cfg.data.answer_key)
@@ -82,7 +84,7 @@ def evaluate_lm(checkpoint, data=None, overrides=(), seed: int = 0, ks=None, n=N
     sampler = Sampler(model, pad_id=pad_id(tokenizer))
     if out is None:
         if step is None:  # a model directory is not ours to write into
-            out = Path.cwd() / f"eval_{model_name}_{data_label}.json"
+            out = Path.cwd() / f"eval_{source.name}_{data_label}.json"
         else:
             out = _run_folder(checkpoint) / "eval" / f"{data_label}_step{step}.json"
     out = Path(out)

@@ -7,6 +7,7 @@ import math
 from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data.math_tasks import check_levels
+from rlinf_jax.data.tokenizers import carried_tokenizer
 from rlinf_jax.errors import BadInput
 from rlinf_jax import kernels
 from rlinf_jax.policies.lm import SUPPORTED_MODEL_TYPES
@@ -63,6 +64,18 @@ def reads(cfg: Config) -> Reads:
 def _require(ok: bool, msg: str) -> None:
     if not ok:
         raise BadInput(msg)
+
+
+def resolve_lm(cfg: Config, overridden: set[str]) -> None:
+    """A model directory brings its own tokenizer: when ``actor.model.path`` is one that
+    carries a tokenizer, ``data.tokenizer`` becomes that directory unless the command line
+    set it (a recipe's ``char`` is the fresh tiny model's, and would feed a pretrained model
+    ids it never learned). The resolved config, and so ``config.yaml``, records the choice."""
+    if cfg.actor.model.kind == "vla" or "data.tokenizer" in overridden:
+        return
+    carried = carried_tokenizer(cfg.actor.model.path)
+    if carried is not None:
+        cfg.data.tokenizer = carried
 
 
 def check_lm(cfg: Config) -> None:
