@@ -3,13 +3,14 @@
 A ratio against a peer says who is faster, not whether either is near what the machine
 can do. Each benchmark therefore also reports its JAX program's achieved FLOP/s and the
 share of the machine's float32 matrix-product peak, measured through XLA in the same
-process (so a benchmark pinned to one core gets a one-core peak) or given with
-``--peak-gflops``.
+process (the best of square products up to 1024 wide, each alone and one per core side by
+side: `rlinf_jax.profile.matmul_peak`; a benchmark pinned to one core gets a one-core
+peak) or given with ``--peak-gflops``.
 
 FLOPs are counted on the program's jaxpr by ``rlinf_jax.profile.count_flops``: 2*M*N*K
-per matrix product, one per output element of every other op, scans times their length,
-while loops times ``while_trips`` (a traced trip count is invisible to the jaxpr), conds
-their costliest branch. It is the program's arithmetic, not what XLA fuses or skips.
+per matrix product, none for ops that only move data, one per output element of every
+other op, scans times their length, while loops times ``while_trips`` (a traced trip
+count is invisible to the jaxpr), conds their costliest branch. It is the program's arithmetic, not what XLA fuses or skips.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import contextlib
 import functools
 import math
 
-PEAK_SIZE = 1024  # 2 GFLOP a product: a fraction of a second per run on one CPU core
+PEAK_SIZE = 1024  # the largest product: 2 GFLOP, a fraction of a second per run on one CPU core
 PEAK_REPEATS = 5
 
 
 def add_peak_argument(parser) -> None:
     parser.add_argument("--peak-gflops", type=float,
                         help="the float32 matmul peak to measure FLOP/s against (default: measured here "
-                             f"through XLA, {PEAK_SIZE}^2, median of {PEAK_REPEATS})")
+                             f"through XLA, the best of products up to {PEAK_SIZE}^2, medians of {PEAK_REPEATS})")
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from rlinf_jax.train import main
@@ -66,9 +69,19 @@ def test_evaluate_a_checkpoint(tmp_path, tiny, capsys):
     assert main([*tiny, "runner.max_steps=2"]) == 0
     capsys.readouterr()
     run_dir = tmp_path / "t"
+    # By default: the episodes of the run's own evaluation at the checkpoint's step, so the
+    # numbers are the ones the run logged there.
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert evaluate_main([str(run_dir)]) == 0
+    own = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert own["step"] == logged["step"] == 2 and own["protocol"] == "the run's own evaluation at step 2"
+    for key in ("eval/return", "eval/return_std", "eval/episode_length"):
+        assert own[key] == pytest.approx(logged[key], rel=1e-5), key
+    # --seed draws other episodes, and says so.
     assert evaluate_main([str(run_dir), "--seed", "3", "env.num_eval_envs=8"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["step"] == 2 and first["episodes"] == 8 and first["checkpoint"].endswith("/2")
+    assert first["seed"] == 3 and first["protocol"].startswith("seed 3: other episodes")
     assert 0 < first["eval/episode_length"] <= 200 and first["eval/return"] > 0
     # Reproducible: the same checkpoint and seed give the same numbers.
     assert evaluate_main([str(run_dir / "checkpoints" / "2"), "--seed", "3", "env.num_eval_envs=8"]) == 0
@@ -82,6 +95,28 @@ def test_evaluate_bad_path_is_one_error_line(tmp_path, capsys):
     assert evaluate_main([str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "nothing" in err
+
+
+@pytest.mark.parametrize(
+    "module, argv, expected",
+    [
+        ("evaluate", ["/no/such/path"], "error: path='/no/such/path': no such path"),
+        ("evaluate", ["--checkpoint", "/no/such/model"], "error: --checkpoint='/no/such/model': no such path"),
+        ("evaluate", ["{empty}"], "holds no finished checkpoint"),
+        ("train", ["--list-recipes"], "rlpd_brax"),
+        ("train", ["--list-envs"], "brax: ant,"),
+    ],
+)
+def test_what_only_reads_answers_before_jax_loads(tmp_path, module, argv, expected):
+    """A bad path, the recipes and the envs: answered in a fraction of the seconds JAX, Brax
+    and MJX take to import."""
+    argv = [a.format(empty=tmp_path) for a in argv]
+    code = (f"import sys; from rlinf_jax.{module} import main; code = main({argv!r}); "
+            "print('imported', [m for m in ('jax', 'brax', 'mujoco_playground') if m in sys.modules]); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "imported []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == (0 if module == "train" else 2)
+    assert expected in proc.stdout + proc.stderr
 
 
 def test_evaluate_takes_overrides_after_a_checkpoint():

@@ -332,6 +332,44 @@ def test_list_envs():
     assert envs["tabletop"] == ["train", "vision", "semantic", "execution"]
 
 
+def test_listed_envs_are_the_imported_registries():
+    """`list_envs` reads the names from the packages' files; the registries the envs are
+    made from hold exactly those."""
+    from rlinf_jax.envs.registry import registered_envs
+    from rlinf_jax.envs.tabletop import SPLITS
+
+    assert list_envs() == registered_envs()
+    assert list_envs()["tabletop"] == list(SPLITS)
+
+
+def test_list_envs_imports_no_simulator():
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlinf_jax.envs import list_envs; envs = list_envs(); "
+            "print(len(envs['brax']), len(envs['playground']), "
+            "[m for m in ('jax', 'brax', 'mujoco', 'mujoco_playground') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    brax, playground, imported = out.split(" ", 2)
+    assert int(brax) >= 10 and int(playground) >= 20 and imported.strip() == "[]"
+
+
+def test_env_names_read_from_a_registry_literal(tmp_path, monkeypatch):
+    from rlinf_jax.envs.names import registry_literal_keys
+
+    pkg = tmp_path / "fake_suite"
+    (pkg / "envs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs" / "__init__.py").write_text("import os\n_envs = {'b': os.sep, 'a': len}\n")
+    (pkg / "envs" / "partial.py").write_text("_envs = {'a': 1, **other}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert registry_literal_keys("fake_suite", "envs/__init__.py") == ["a", "b"]
+    # Not a whole literal of string keys, no such file, no such package: not readable.
+    assert registry_literal_keys("fake_suite", "envs/partial.py") is None
+    assert registry_literal_keys("fake_suite", "envs/missing.py") is None
+    assert registry_literal_keys("no_such_package_here", "envs/__init__.py") is None
+
+
 def test_make_eval_env_has_no_autoreset():
     cfg = EnvConfig(num_eval_envs=3, episode_length=10, action_repeat=3)
     env = make_eval_env(cfg)

@@ -53,6 +53,40 @@ def test_count_flops_agrees_with_xla_without_loops():
     assert matmuls <= ours < 1.1 * matmuls
 
 
+def test_the_peak_is_the_fastest_product_and_a_stage_of_it_is_all_of_it(monkeypatch):
+    """The peak and the stages are measured alike: a stage that is the peak's own product,
+    timed as the peak timed it, is 100% of the peak, never more. A CPU whose 512-wide
+    products, two side by side, run faster than one 2048-wide product (a 2-core AMD EPYC
+    does) gets that as its peak; from the 2048-wide product alone the same stage read 200%."""
+    import numpy as np
+
+    from rlinf_jax import profile
+
+    rates = {(256, 1): 30e9, (256, 2): 40e9, (512, 1): 60e9, (512, 2): 90e9,
+             (1024, 1): 50e9, (1024, 2): 70e9, (2048, 1): 45e9, (2048, 2): 60e9}
+
+    def timed(fn, args, repeats):  # this machine's times, by the products' shape
+        parallel, n, _ = args[0].shape
+        return parallel * 2 * n**3 / rates[(n, parallel)]
+
+    monkeypatch.setattr(profile, "_timed", timed)
+    monkeypatch.setattr(profile, "cores", lambda: 2)
+    assert profile.matmul_rates(2048, 1) == {f"{n}x{p}": r for (n, p), r in rates.items()}
+    by_size = profile.matmul_rates(2048, 1)
+    peaks = {"platform": "cpu", "peak_float32": max(by_size.values()), "xla_bandwidth": 1e10,
+             "xla_matmul_float32_by_size": by_size}
+    assert peaks["peak_float32"] == profile.matmul_peak(2048, 1) == 90e9
+    # Timed again beside a stage: a faster reading (less load now) raises the stage's peak.
+    assert profile.stage_peak(peaks) == profile.stage_peak(peaks, repeats=1) == 90e9
+    rates[(512, 2)] = 99e9
+    assert profile.stage_peak(peaks, repeats=1) == 99e9 and peaks["peak_float32"] == 90e9
+    rates[(512, 2)] = 90e9
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 512, 512)), jnp.float32)
+    record, _ = profile.stage("two products", lambda x: [x[0] @ x[0], x[1] @ x[1]], (x,), peaks, repeats=1)
+    assert record["flops"] == 2 * 2 * 512**3 and record["peak_flop_per_s"] == 90e9
+    assert record["share_of_peak"] == pytest.approx(1.0)
+
+
 @pytest.mark.slow
 def test_profile_command_on_the_language_model():
     proc = subprocess.run(
@@ -61,8 +95,15 @@ def test_profile_command_on_the_language_model():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["peaks"]["xla_matmul_float32"] > 0 and out["peaks"]["xla_bandwidth"] > 0
+    peaks = out["peaks"]
+    assert peaks["xla_matmul_float32"] > 0 and peaks["xla_bandwidth"] > 0
+    # The peak is the best product measured, XLA's at every size or torch's.
+    assert peaks["xla_matmul_float32"] == max(peaks["xla_matmul_float32_by_size"].values())
+    assert peaks["peak_float32"] == max(peaks["xla_matmul_float32"], peaks.get("torch_matmul_float32", 0.0))
     stages = {s["stage"]: s for s in out["stages"]}
+    for s in stages.values():
+        assert s["peak_flop_per_s"] >= peaks["peak_float32"]
+        assert s["share_of_peak"] == pytest.approx(s["flop_per_s"] / s["peak_flop_per_s"])
     assert set(stages) == {"grpo/sampler_prefill", "grpo/sampler_decode", "grpo/update"}
     for s in stages.values():
         assert s["flops"] > 0 and 0 < s["share_of_peak"] and s["bound"] in ("compute", "memory", "dispatch")

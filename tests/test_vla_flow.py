@@ -378,6 +378,31 @@ def test_image_strip_lays_episodes_in_rows_and_round_trips_through_png(tmp_path)
         write_png(path, strip)
 
 
+def test_a_vla_run_shows_success_per_split():
+    """The bar and the summary of a tabletop run lead with success per split, the metric its
+    runs are judged by; a control run's show returns."""
+    import io
+
+    from rich.console import Console
+
+    from rlinf_jax.flow.progress import ProgressBar
+    from rlinf_jax.tasks.embodied.run import EmbodiedLoop, RunSummary, split_success
+
+    evaluation = {"eval/return": 0.17893, "eval/success": 0.28125, "eval/success/train": 0.28125,
+                  "eval/success/vision": 0.1875, "eval/success/semantic": 0.25, "eval/success/execution": 0.125}
+    shown = EmbodiedLoop(load_config("ppo_vla_tabletop", TINY_VLA), None, None, None).shown
+    assert list(shown) == [f"eval/success/{s}" for s in ("train", "vision", "semantic", "execution")] + [
+        "time/env_steps_per_sec"]
+    assert "eval/return" in EmbodiedLoop(load_config("ppo_brax"), None, None, None).shown
+    with ProgressBar(10, 0, True, Console(file=io.StringIO(), width=200), "train", shown, "") as bar:
+        bar.update(5, {**evaluation, "time/env_steps_per_sec": 8256.0})
+    assert bar.fields == {"success: train": "0.281", "vision": "0.188", "semantic": "0.25", "execution": "0.125",
+                          "steps/s": "8,256"}
+    text = RunSummary("runs/v", 40, 1000, 0.17893, 8256.0, 30.0, 200.0, None, split_success(evaluation)).text()
+    assert "final eval success train 0.281, vision 0.188, semantic 0.250, execution 0.125" in text
+    assert "final eval return  0.179" in text  # not 0.2
+
+
 @pytest.mark.slow
 def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_path):
     from tests.conftest import run_cli
@@ -434,6 +459,10 @@ def test_sft_then_ppo_from_it_then_evaluate_with_every_split_and_a_strip(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["step"] == 1 and 0.0 <= report["eval/success/semantic"] <= 1.0
+    # The run's own evaluation of that step, episode for episode: the numbers it logged.
+    assert report["protocol"] == "the run's own evaluation at step 1"
+    for key in ("eval/return", *(f"eval/success/{s}" for s in ("train", "vision", "semantic", "execution"))):
+        assert report[key] == pytest.approx(last[key], abs=1e-6), key
     # 2 episodes of 16 px frames; 4 sub-steps in chunks of 2: the first frame and 2 steps.
     assert _read_png(strip).shape == (2 * 16 + 1, 3 * 16 + 2, 3)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

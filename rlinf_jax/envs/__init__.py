@@ -16,7 +16,7 @@ _WHERE = {
     "init_stats": "normalization",
     "normalize": "normalization",
     "update_stats": "normalization",
-    "list_envs": "registry",
+    "list_envs": "names",
     "make_env": "registry",
     "make_eval_env": "registry",
     "ActionRepeat": "wrappers",

@@ -48,8 +48,9 @@ def _tabletop_env_names() -> list[str]:
 _SUITE_NAMES = {"brax": _brax_env_names, "playground": playground_env_names, "tabletop": _tabletop_env_names}
 
 
-def list_envs() -> dict[str, list[str]]:
-    """Suite -> sorted env names."""
+def registered_envs() -> dict[str, list[str]]:
+    """Suite -> sorted env names, from the imported registries (what `make_env` checks
+    names against; `envs.names.list_envs` lists them without the imports)."""
     return {suite: names() for suite, names in _SUITE_NAMES.items()}
 
 

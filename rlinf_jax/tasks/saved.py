@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from rlinf_jax.config import load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.host_loop import eval_key
 from rlinf_jax.runtime import find_checkpoint
 from rlinf_jax.runtime.checkpoint import ResumePoint
 from rlinf_jax.tasks.embodied import evaluate as embodied_eval
@@ -64,20 +67,36 @@ def restore_policy(path, overrides=()) -> RestoredPolicy:
     return RestoredPolicy(cfg, str(point.path), int(state.step), trainer.env, trainer.eval_env, act, sample)
 
 
-def evaluate_run(path, overrides=(), seed: int = 0, strip=None, strip_episodes: int = 4) -> dict:
-    """The evaluation of the checkpoint at ``path`` (see ``python -m rlinf_jax.evaluate``)."""
+def evaluate_run(path, overrides=(), seed: int | None = None, strip=None, strip_episodes: int = 4) -> dict:
+    """The evaluation of the checkpoint at ``path`` (see ``python -m rlinf_jax.evaluate``).
+
+    With no ``seed`` its episodes are those of the run's own evaluation at the checkpoint's
+    step (the key `flow.host_loop.eval_key` derives from ``runner.seed`` and the step), so
+    the numbers are the ones the run logged there; a ``seed`` draws other episodes. The
+    result's ``protocol`` says which."""
     point, cfg = run_config(path, overrides)
+    key = eval_key(cfg, point.step) if seed is None else jax.random.PRNGKey(seed)
     if cfg.runner.task == "offpolicy":
         if strip is not None:
             raise BadInput("--strip needs an env with image observations; off-policy runs have flat ones")
-        step, metrics = offpolicy_eval.evaluate(point, cfg, seed)
+        step, metrics = offpolicy_eval.evaluate(point, cfg, key)
     else:
-        step, metrics = embodied_eval.evaluate(point, cfg, seed, strip, strip_episodes)
+        step, metrics = embodied_eval.evaluate(point, cfg, key, strip, strip_episodes)
     return {
         "checkpoint": str(point.path),
         "step": step,
         "env": f"{cfg.env.suite}/{cfg.env.name}",
         "episodes": cfg.env.num_eval_envs,
         "seed": seed,
+        "protocol": protocol(step, seed, overrides),
         **metrics,
     }
+
+
+def protocol(step: int, seed: int | None, overrides=()) -> str:
+    """Which episodes an evaluation ran, in words."""
+    if seed is not None:
+        return f"seed {seed}: other episodes than the run's own evaluation"
+    if overrides:
+        return f"the key of the run's own evaluation at step {step}, with {' '.join(overrides)}"
+    return f"the run's own evaluation at step {step}"

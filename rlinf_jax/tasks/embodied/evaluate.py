@@ -1,12 +1,10 @@
 """Scoring a saved embodied policy: the checkpoint of a run, restored onto the run's own
 config, run deterministically for one episode in every eval env. Same checkpoint and
-seed, same numbers."""
+key, same numbers."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import jax
 
 from rlinf_jax.config.schema import Config, FlowConfig
 from rlinf_jax.errors import BadInput
@@ -38,24 +36,24 @@ def restore(point, cfg: Config):
     return trainer, state
 
 
-def evaluate(point, cfg: Config, seed: int = 0, strip=None, strip_episodes: int = 4) -> tuple[int, dict]:
+def evaluate(point, cfg: Config, key, strip=None, strip_episodes: int = 4) -> tuple[int, dict]:
     """``(step, eval metrics)`` of the checkpoint at ``point`` (a `ResumePoint`) of a run
-    with config ``cfg``; with ``strip``, the metrics also name a PNG of the first
-    ``strip_episodes`` episodes (image envs)."""
+    with config ``cfg``, its episodes drawn from ``key``; with ``strip``, the metrics also
+    name a PNG of the first ``strip_episodes`` episodes (image envs)."""
     if strip is not None and Path(strip).exists():
         raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer, state = restore(point, cfg)
     try:  # a host simulator's evaluation starts worker processes
-        metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, jax.random.PRNGKey(seed)).items()}
+        metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, key).items()}
         if strip is not None:
-            metrics["strip"] = str(save_strip(trainer, state, cfg, seed, strip, strip_episodes))
+            metrics["strip"] = str(save_strip(trainer, state, cfg, key, strip, strip_episodes))
     finally:
         trainer.close()
     return int(state.step), metrics
 
 
-def save_strip(trainer, state, cfg, seed: int, path, episodes: int):
+def save_strip(trainer, state, cfg, key, path, episodes: int):
     """The first ``episodes`` eval episodes, one frame per policy step, as one PNG."""
     if not trainer.image_observations:
         raise BadInput(f"--strip needs an env with image observations; {cfg.env.suite}/{cfg.env.name} has none")
-    return write_png(path, trainer.episode_strip(state.params, state.obs_stats, jax.random.PRNGKey(seed), episodes))
+    return write_png(path, trainer.episode_strip(state.params, state.obs_stats, key, episodes))

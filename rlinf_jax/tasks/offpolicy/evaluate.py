@@ -1,10 +1,8 @@
 """Scoring a saved off-policy actor: the checkpoint restored onto the run's own config, its
-deterministic policy run for one episode in every eval env. Same checkpoint and seed,
+deterministic policy run for one episode in every eval env. Same checkpoint and key,
 same numbers."""
 
 from __future__ import annotations
-
-import jax
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.runtime import restore_checkpoint
@@ -27,11 +25,12 @@ def restore(point, cfg: Config):
     return trainer, state if host else trainer.start(state)
 
 
-def evaluate(point, cfg: Config, seed: int = 0) -> tuple[int, dict]:
-    """``(step, eval metrics)`` of the checkpoint at ``point`` of a run with config ``cfg``."""
+def evaluate(point, cfg: Config, key) -> tuple[int, dict]:
+    """``(step, eval metrics)`` of the checkpoint at ``point`` of a run with config ``cfg``,
+    its episodes drawn from ``key``."""
     trainer, state = restore(point, cfg)
     try:
-        metrics = trainer.evaluate(state.actor, state.obs_stats, jax.random.PRNGKey(seed))
+        metrics = trainer.evaluate(state.actor, state.obs_stats, key)
     finally:
         trainer.close()
     return int(state.step), {k: float(v) for k, v in metrics.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -26,6 +27,22 @@ from rlinf_jax.replay import ReplayBuffer, TransitionBatch, read_transitions
 from rlinf_jax.runtime.distributed import local_devices_first
 from rlinf_jax.sharding import resolve_num_devices
 from rlinf_jax.tasks.offpolicy.learner import Learner, Settings
+
+
+def dataset_command(cfg: Config) -> str:
+    """The one command that makes the dataset ``algorithm.demo_path`` names: a PPO expert
+    of the run's env trained (unless its run folder already holds it), then its
+    transitions collected; for IQL's offline data, half the envs act at random (a known mix
+    of good and bad episodes)."""
+    a, env = cfg.algorithm, cfg.env
+    if env.suite == "brax":
+        expert = "ppo_brax" + ("" if env.name == "inverted_pendulum" else f" env.name={env.name}")
+    else:
+        expert = f"RECIPE (a PPO recipe of {env.suite}/{env.name})"
+    offline = a.name == "iql"  # its replay buffer holds the dataset
+    transitions = min(50_000, a.replay_size) if offline else 20_000
+    mix = " --random-fraction 0.5" if offline else ""
+    return f"python -m rlinf_jax.collect --expert {expert} --transitions {transitions}{mix} --out {a.demo_path}"
 
 
 @dataclass
@@ -119,6 +136,8 @@ def make_setup(cfg: Config) -> OffPolicySetup:
     buffer = ReplayBuffer(a.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.batch_size)
     dataset = meta = None
     if a.name in ("rlpd", "iql"):
+        if not Path(a.demo_path).exists():
+            raise BadInput(f"algorithm.demo_path={a.demo_path} does not exist; make it with: {dataset_command(cfg)}")
         dataset, meta = read_transitions(a.demo_path, obs_size, act_size)
         if a.name == "iql" and dataset.size > buffer.capacity:
             raise BadInput(
