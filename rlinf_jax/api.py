@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,10 @@ def load_config(name: str = "ppo_brax", overrides: Sequence[str] | dict = (), co
     error, as on the command line; keys a base recipe set that the task ignores are named
     in one warning on stderr. The first config loaded in a process also sets the XLA CPU
     flags JAX starts with (``runner.xla_cpu_flags``)."""
+    if not isinstance(name, str):
+        raise BadInput(f"name must be a recipe name (a str; rj.list_recipes() lists them), not {_described(name)}")
+    if config_dir is not None:
+        _path_argument(config_dir, "config_dir", "a folder of recipes")
     overrides = _override_list(overrides)
     prepare_jax(name, overrides, config_dir)
     from rlinf_jax.tasks.registry import load_run_config
@@ -98,11 +102,22 @@ def prepare_jax(name: str | None = None, overrides: Sequence[str] = (), config_d
 
 
 def _override_list(overrides) -> list[str]:
+    if overrides is None:
+        return []
     if isinstance(overrides, dict):
+        for key in overrides:
+            if not isinstance(key, str):
+                raise BadInput(f"overrides' keys must be config keys such as 'runner.max_steps', not {_described(key)}")
         return [f"{k}={_yaml_value(v)}" for k, v in overrides.items()]
     if isinstance(overrides, str):
         raise BadInput(f"overrides must be a list of 'key=value' strings or a dict, not the string {overrides!r}")
-    return list(overrides)
+    if not isinstance(overrides, Iterable):
+        raise BadInput(f"overrides must be a list of 'key=value' strings or a dict, not {_described(overrides)}")
+    items = list(overrides)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise BadInput(f"overrides[{i}] must be a 'key=value' string, not {_described(item)}")
+    return items
 
 
 def _yaml_value(v) -> str:
@@ -117,6 +132,37 @@ def _yaml_value(v) -> str:
         # Quoted so the loader keeps it a string ("" and "1e-3"-looking names included).
         return "'" + text.replace("'", "''") + "'"
     return repr(v)
+
+
+# Each public function checks its arguments' types first, so a wrong one is a BadInput that
+# names the argument, not an AttributeError from deep inside.
+
+
+def _described(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str) and not value:
+        return "an empty string"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _path_argument(value, name: str, expects: str) -> Path:
+    if isinstance(value, (str, os.PathLike)) and str(value):
+        return Path(value)
+    raise BadInput(f"{name} must be {expects} (a str or path), not {_described(value)}")
+
+
+def _int_argument(value, name: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    raise BadInput(f"{name} must be an integer, not {_described(value)}")
+
+
+def _bool_argument(value, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise BadInput(f"{name} must be True or False, not {_described(value)}")
 
 
 # ------------------------------------------------------------------ metrics
@@ -157,7 +203,8 @@ class Metrics(list):
         import matplotlib.pyplot as plt
 
         if ax is None:
-            _, ax = plt.subplots(figsize=(6, 3.5))
+            # Laid out when drawn, so the axis labels stay inside the figure a savefig writes.
+            _, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
         for key in keys or ("eval/return",):
             self.column(key)  # a key the run never logged is named, not drawn empty
             rows = [r for r in self if key in r and x in r]
@@ -175,7 +222,7 @@ def read_metrics(run) -> Metrics:
     """The metrics of a run folder (or its ``metrics.jsonl``), as `Metrics`."""
     from rlinf_jax.runtime.metrics import read_metrics as records
 
-    return Metrics(records(run))
+    return Metrics(records(_path_argument(run, "run", "a run folder or its metrics.jsonl")))
 
 
 # ------------------------------------------------------------------ train
@@ -213,6 +260,8 @@ def train(cfg: Config | str, overrides: Sequence[str] | dict = (), console=None)
 
     if isinstance(cfg, str):
         cfg = load_config(cfg, overrides)
+    elif not isinstance(cfg, Config):
+        raise BadInput(f"cfg must be a Config (rj.load_config) or a recipe name, not {_described(cfg)}")
     elif overrides:
         raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
     else:
@@ -244,19 +293,24 @@ def _is_lm(cfg: Config) -> bool:
     return cfg.runner.task in LM_TASKS and cfg.actor.model.kind != "vla"
 
 
-def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=None, strip_episodes: int = 4,
-             **lm_options) -> dict:
+def evaluate(path, overrides: Sequence[str] | dict = (), seed: int | None = None, strip=None,
+             strip_episodes: int = 4, **lm_options) -> dict:
     """The evaluation of a saved run (its run folder, checkpoints folder or one step).
 
     Control and VLA runs: the greedy policy's ``eval/*`` metrics over the run's
-    ``env.num_eval_envs`` episodes; with ``strip`` (a new PNG path) and an env with camera
-    images, the first ``strip_episodes`` episodes drawn as one image (its path under
-    ``"strip"``). Language-model runs (sft, reasoning) and Hugging Face /
+    ``env.num_eval_envs`` episodes, by default those of the run's own evaluation at that
+    step (the numbers it logged there; ``seed`` draws others); with ``strip`` (a new PNG
+    path) and an env with camera images, the first ``strip_episodes`` episodes drawn as one
+    image (its path under ``"strip"``). Language-model runs (sft, reasoning) and Hugging Face /
     converted model directories: pass@k on the run's held-out split or ``data=PATH``
     (``lm_options``: ``data``, ``ks``, ``n``, ``temperature``, ``out``, ``progress``),
     as ``python -m rlinf_jax.evaluate --checkpoint`` does.
     """
-    path = Path(path)
+    path = _path_argument(path, "path", "a run folder, a checkpoint or a model directory")
+    seed = None if seed is None else _int_argument(seed, "seed")
+    strip_episodes = _int_argument(strip_episodes, "strip_episodes")
+    if strip is not None:
+        _path_argument(strip, "strip", "a new PNG file")
     if not path.exists():
         raise BadInput(f"{path}: no such path; give a run folder, a checkpoint or a model directory")
     overrides = _override_list(overrides)
@@ -267,7 +321,7 @@ def evaluate(path, overrides: Sequence[str] | dict = (), seed: int = 0, strip=No
             raise BadInput("strip draws episodes of an env with camera images; a language model has none")
         from rlinf_jax.tasks.reasoning.evaluate import evaluate_lm
 
-        return evaluate_lm(path, overrides=overrides, seed=seed, **lm_options)
+        return evaluate_lm(path, overrides=overrides, seed=seed or 0, **lm_options)
     if lm_options:
         raise BadInput(
             f"{', '.join(sorted(lm_options))}: options of language-model evaluation; {path} is a {cfg.runner.task} run"
@@ -287,6 +341,11 @@ def convert(src, out, dtype: str = "auto", allow_nonfinite: bool = False) -> dic
     result is read back, and what was written is returned: ``from``, ``to``,
     ``model_type``, ``params`` (a count) and ``dtype``. Weights holding NaN or inf are
     refused unless ``allow_nonfinite``."""
+    _path_argument(src, "src", "a Hugging Face model directory")
+    _path_argument(out, "out", "a new or empty directory")
+    if not isinstance(dtype, str):
+        raise BadInput(f"dtype must be a dtype name such as 'auto' or 'bfloat16', not {_described(dtype)}")
+    allow_nonfinite = _bool_argument(allow_nonfinite, "allow_nonfinite")
     import contextlib
 
     import jax
@@ -314,8 +373,10 @@ def convert(src, out, dtype: str = "auto", allow_nonfinite: bool = False) -> dic
 
 @dataclass
 class LMSampler:
-    """A language model of a saved run, with its run's tokenizer and prompt template:
-    ``sampler(["What is 2+3?"])`` returns the responses as text."""
+    """A language model of a saved run or a model directory, with its run's tokenizer and
+    prompt template (a model directory: its own tokenizer and the ``math`` template, as
+    ``python -m rlinf_jax.evaluate --checkpoint`` samples it): ``sampler(["What is 2+3?"])``
+    returns the responses as text."""
 
     config: Config
     checkpoint: str
@@ -329,15 +390,17 @@ class LMSampler:
                               temperature, seed)
 
 
-def _lm_sampler(path: Path, cfg: Config) -> LMSampler:
+def _lm_sampler(path: Path, overrides: Sequence[str]) -> LMSampler:
     import jax
 
     from rlinf_jax.data import run_tokenizer
     from rlinf_jax.rollout.lm_io import PromptEncoder, decode_responses, pad_id, stop_tokens
     from rlinf_jax.rollout.sampler import Sampler, SamplingParams
-    from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
+    from rlinf_jax.tasks.reasoning.evaluate import lm_settings
 
-    model, point = load_checkpoint_policy(path)
+    # The settings and model `evaluate --checkpoint` samples, for a run and a model directory alike.
+    cfg, load_model, _, source = lm_settings(path, overrides)
+    model = load_model()
     tokenizer = run_tokenizer(cfg.data.tokenizer, model.config.vocab_size)
     encoder = PromptEncoder(cfg.data, tokenizer)
     sampler = Sampler(model, pad_id=pad_id(tokenizer))
@@ -353,26 +416,25 @@ def _lm_sampler(path: Path, cfg: Config) -> LMSampler:
         out = sampler.generate(ids, mask, jax.random.PRNGKey(seed), sampling)
         return decode_responses(tokenizer, out.tokens, out.mask)
 
-    return LMSampler(cfg, str(point.path), model, tokenizer, generate)
+    return LMSampler(cfg, str(source), model, tokenizer, generate)
 
 
 def restore(path, overrides: Sequence[str] | dict = ()):
-    """The trained policy of a saved run (run folder, checkpoints folder or one step).
+    """The trained policy of a saved run (run folder, checkpoints folder or one step), or
+    the model of a Hugging Face or converted model directory.
 
     Control and VLA runs: a `RestoredPolicy`, callable on a batch of observations
     (``policy(obs)`` is the evaluation action; ``policy.sample(obs, keys)`` draws one;
-    ``policy.env`` / ``policy.eval_env`` are the run's envs). Language-model runs: an
-    `LMSampler`, callable on prompts, returning responses as text.
+    ``policy.env`` / ``policy.eval_env`` are the run's envs). Language-model runs and
+    model directories: an `LMSampler`, callable on prompts, returning responses as text.
     """
-    path = Path(path)
+    path = _path_argument(path, "path", "a run folder, a checkpoint or a model directory")
     if not path.exists():
-        raise BadInput(f"{path}: no such path; give a run folder or a checkpoint")
+        raise BadInput(f"{path}: no such path; give a run folder, a checkpoint or a model directory")
     overrides = _override_list(overrides)
     cfg = _saved_config(path, overrides)
-    if cfg is None:
-        raise BadInput(f"{path} is a model directory, not a saved run; train from it with actor.model.path={path}")
-    if _is_lm(cfg):
-        return _lm_sampler(path, cfg)
+    if cfg is None or _is_lm(cfg):
+        return _lm_sampler(path, overrides)
     from rlinf_jax.tasks.saved import restore_policy
 
     return restore_policy(path, overrides)

@@ -35,43 +35,46 @@ def main(argv=None) -> int:
     from rlinf_jax.errors import BadInput
 
     console = Console(stderr=False)
+    run_dir = None  # where a crash report goes, once the config names it
     try:
-        if not (args.list_recipes or args.list_envs):
-            # Before the tasks' imports start JAX's backend: XLA reads its flags then.
-            prepare_jax(args.config_name, args.overrides)
-        from rlinf_jax.config import list_recipes
-        from rlinf_jax.flow.host_loop import TrainingDiverged
-        from rlinf_jax.tasks.registry import load_run_config, task_of
-
+        # The listings answer before JAX loads (the env names are read from the suites'
+        # files, not imported: Brax and MJX take seconds).
         if args.list_recipes:
+            from rlinf_jax.config import list_recipes
+
             print("\n".join(list_recipes()))
             return 0
         if args.list_envs:
-            # Here only: the env suites import MuJoCo and Brax (seconds), which a language
-            # model's run never needs.
-            from rlinf_jax.envs import list_envs
+            from rlinf_jax.envs.names import list_envs
 
             for suite, names in list_envs().items():
                 print(f"{suite}: {', '.join(names)}")
             return 0
+        # Before the tasks' imports start JAX's backend: XLA reads its flags then.
+        prepare_jax(args.config_name, args.overrides)
+        from rlinf_jax.flow.host_loop import TrainingDiverged
+        from rlinf_jax.tasks.registry import load_run_config, task_of
+
         cfg = load_run_config(args.config_name, args.overrides, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        run_dir = f"{cfg.runner.output_dir}/{cfg.runner.experiment_name}"
         task = task_of(cfg)
         try:
             summary = task.run(cfg, console=console)
         except TrainingDiverged as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            print(
-                f"interrupted: continue from the last checkpoint with runner.resume=auto "
-                f"(run dir {cfg.runner.output_dir}/{cfg.runner.experiment_name})",
-                file=sys.stderr,
-            )
-            return 130
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    console.print(summary.text())
+    except KeyboardInterrupt:
+        hint = f": continue from the last checkpoint with runner.resume=auto (run dir {run_dir})" if run_dir else ""
+        print(f"interrupted{hint}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from rlinf_jax.crash import report_crash
+
+        return report_crash(e, run_dir)
+    console.print(summary.text(), soft_wrap=True)  # a long line stays one line
     return 0
 
 

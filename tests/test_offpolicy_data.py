@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlinf_jax import collect as collect_cli
+from rlinf_jax.errors import BadInput
 from rlinf_jax.replay import TransitionBatch, read_transitions, write_transitions
 from rlinf_jax.runtime import read_metrics
 from rlinf_jax.tasks.offpolicy import learner as lib
@@ -85,6 +86,29 @@ def test_rlpd_batches_are_half_online_half_demonstrations(tmp_path):
     assert batch.size == 40 and np.sum(rewards == 3.0) == 30 and np.sum(rewards == -7.0) == 10
 
 
+@pytest.mark.parametrize("damage", ["ragged", "directory"])
+def test_a_bad_demo_path_is_one_line_before_training(tmp_path, damage):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # inverted_pendulum's observations are 4 wide: rows of 2, 6, 2, 6 values hold 16 in all, which
+    # a flat reshape would cut into 4 rows of 4 that each mix two transitions.
+    path = tmp_path / "demos.parquet"
+    pq.write_table(pa.table({
+        "observations": [[0.0] * 2, [1.0] * 6, [2.0] * 2, [3.0] * 6],
+        "actions": [[0.0]] * 4,
+        "rewards": [1.0] * 4,
+        "next_observations": [[0.0] * 4] * 4,
+        "terminals": [False] * 4,
+    }), path)
+    demo_path, message = (path, "column observations has rows of different lengths") if damage == "ragged" else (
+        tmp_path, "is a directory \\(it holds demos.parquet\\)")
+    cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.demo_path={demo_path}"])
+    with pytest.raises(BadInput, match=message) as e:
+        make_setup(cfg)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_offline_iql_beats_behaviour_cloning_on_a_mixed_dataset(mixed, tmp_path):
     """Half the dataset's episodes are the expert's, half random: cloning copies the mix,
@@ -100,3 +124,35 @@ def test_offline_iql_beats_behaviour_cloning_on_a_mixed_dataset(mixed, tmp_path)
         assert all(r.get("env/steps", 0) == 0 for r in records)  # offline: the env was never stepped for training
         returns[name] = records[-1]["eval/return"]
     assert returns["iql"] > 150 and returns["iql"] > 2 * returns["bc"], returns
+
+
+@pytest.mark.slow
+def test_a_missing_dataset_names_the_command_that_makes_it(tmp_path, capsys):
+    """A fresh checkout has no demonstrations: the run stops in one line naming one command,
+    and that command (here with a tiny expert) trains the expert and writes the file."""
+    import shlex
+
+    from tests.conftest import TINY
+
+    demos = tmp_path / "demos" / "pendulum.parquet"
+    rlpd = ["--config-name", "rlpd_brax", *TINY_SAC, f"algorithm.demo_path={demos}", f"runner.output_dir={tmp_path}",
+            "runner.experiment_name=rlpd", *QUIET]
+    assert main(rlpd) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"algorithm.demo_path={demos} does not exist" in err, err
+    command = f"python -m rlinf_jax.collect --expert ppo_brax --transitions 20000 --out {demos}"
+    assert err.endswith(f"make it with: {command}"), err
+    iql = load_run_config("iql_brax", [*TINY_SAC, f"algorithm.demo_path={demos}"])
+    with pytest.raises(BadInput, match="--expert ppo_brax --transitions 4096 --random-fraction 0.5 --out"):
+        make_setup(iql)  # IQL's buffer (4096 here) holds its dataset
+
+    expert = [*TINY, "runner.max_steps=2", f"runner.output_dir={tmp_path}", "runner.experiment_name=expert", *QUIET]
+    assert collect_cli.main([*shlex.split(command)[3:], *expert]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["transitions"] == 20000 and summary["source_step"] == 2
+    # The run reads it; a second call finds the expert trained and leaves its run alone.
+    assert make_setup(load_run_config("rlpd_brax", rlpd[2:])).dataset.size == 20000
+    records = (tmp_path / "expert" / "metrics.jsonl").read_text()
+    assert collect_cli._expert_run("ppo_brax", expert) == str(tmp_path / "expert")
+    assert "already trained to step 2" in capsys.readouterr().err
+    assert (tmp_path / "expert" / "metrics.jsonl").read_text() == records

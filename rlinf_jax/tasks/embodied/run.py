@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from rlinf_jax.config.schema import Config
-from rlinf_jax.flow.host_loop import HostLoop, enable_compilation_cache, eval_key, open_run_dir
+from rlinf_jax.envs.tabletop import SPLITS
+from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, eval_key, open_run_dir
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
@@ -30,12 +31,19 @@ class RunSummary:
     compile_sec: float
     wall_sec: float
     resumed_from: int | None
+    # Success per split of a benchmark that has them (the VLA tabletop): what its runs are judged by.
+    eval_success: dict[str, float] | None = None
 
     def text(self) -> str:
-        ret = "n/a" if self.eval_return is None else f"{self.eval_return:.1f}"
+        # A tabletop's returns are fractions of the shaped reward: a rounded one says nothing.
+        ret = "n/a" if self.eval_return is None else f"{self.eval_return:.3g}" if self.eval_success else (
+            f"{self.eval_return:.1f}")
+        success = "" if not self.eval_success else "  final eval success " + ", ".join(
+            f"{split} {value:.3f}" for split, value in self.eval_success.items()) + "\n"
         resumed = "" if self.resumed_from is None else f" (resumed from step {self.resumed_from})"
         return (
             f"[bold]done[/bold]: {self.steps} iterations, {self.env_steps:,} env steps{resumed}\n"
+            f"{success}"
             f"  final eval return  {ret}\n"
             f"  env-steps/s        {self.env_steps_per_sec:,.0f}\n"
             f"  compile time       {self.compile_sec:.1f} s\n"
@@ -59,12 +67,30 @@ def placement_info(trainer, measured: float | None = None) -> dict:
     return info
 
 
+def split_success(evaluation: dict | None) -> dict[str, float] | None:
+    """``{split: success}`` of an evaluation of a benchmark with splits, else None."""
+    prefix = "eval/success/"
+    found = {k[len(prefix):]: v for k, v in (evaluation or {}).items() if k.startswith(prefix)}
+    return found or None
+
+
 class EmbodiedLoop(HostLoop):
     """The host loop of an embodied run: chunks are fused or staged PPO iterations."""
 
-    shown: ClassVar[dict[str, str]] = {"eval/return": "eval", "env/return": "return", "time/env_steps_per_sec": "steps/s"}
+    control_shown: ClassVar[dict[str, str]] = {
+        "eval/return": "eval", "env/return": "return", "time/env_steps_per_sec": "steps/s",
+    }
     eval_metric = "eval/return"
     diverged_hint = "Lower actor.optim.lr or check the env's rewards/observations"
+
+    @property
+    def shown(self) -> dict[str, str]:
+        """The bar's metrics: on the VLA tabletop the success of each split (what its runs
+        are judged by, docs/vla.md), elsewhere the returns."""
+        if self.cfg.env.suite != "tabletop":
+            return self.control_shown
+        labels = {split: f"success: {split}" if i == 0 else split for i, split in enumerate(SPLITS)}
+        return {**{f"eval/success/{s}": label for s, label in labels.items()}, "time/env_steps_per_sec": "steps/s"}
 
     def placement_info(self, metrics: dict | None = None) -> dict:
         measured = None if metrics is None else metrics["time/env_steps_per_sec"]
@@ -110,27 +136,31 @@ class EmbodiedLoop(HostLoop):
         metrics["env/steps"] = step * per_iteration
 
 
-def run(cfg: Config, console=None) -> RunSummary:
+def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
     """Trains (or resumes) the run that ``cfg`` describes and returns its summary."""
     t_start = time.perf_counter()
     enable_compilation_cache(cfg.runner.compilation_cache)
     log = console.print if console is not None and cfg.runner.progress_bar and is_primary() else None
     # Checked before minutes of warm start: a fresh start must not overwrite a run.
-    run_dir, resume_path = open_run_dir(cfg)
-    setup = make_setup(cfg)
-    if resume_path is None:  # a resumed run restores its parameters; a warm start would be lost
-        setup = warm_start(cfg, setup)
-    trainer = build_trainer(cfg, setup, log=log)
-    result = EmbodiedLoop(cfg, trainer, run_dir, resume_path, console).run()
-    per_iteration = trainer.env_steps_per_iteration
-    ran = result.step - result.start_step
-    return RunSummary(
-        run_dir=result.run_dir,
-        steps=result.step,
-        env_steps=result.step * per_iteration,
-        eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
-        env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
-        compile_sec=result.compile_sec,
-        wall_sec=time.perf_counter() - t_start,
-        resumed_from=result.resumed_from,
-    )
+    with open_run_dir(cfg) as opened:
+        if opened.done is not None:
+            return opened.done
+        run_dir, resume_path = opened.run_dir, opened.resume_path
+        setup = make_setup(cfg)
+        if resume_path is None:  # a resumed run restores its parameters; a warm start would be lost
+            setup = warm_start(cfg, setup)
+        trainer = build_trainer(cfg, setup, log=log)
+        result = EmbodiedLoop(cfg, trainer, run_dir, resume_path, console).run()
+        per_iteration = trainer.env_steps_per_iteration
+        ran = result.step - result.start_step
+        return RunSummary(
+            run_dir=result.run_dir,
+            steps=result.step,
+            env_steps=result.step * per_iteration,
+            eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
+            env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+            compile_sec=result.compile_sec,
+            wall_sec=time.perf_counter() - t_start,
+            resumed_from=result.resumed_from,
+            eval_success=split_success(result.last_eval),
+        )
