@@ -156,12 +156,14 @@ class RunLock:
 
     @staticmethod
     def _write_holder(fd: int) -> None:
+        # As typed (`python -m rlinf_jax.train ...`), not argv's resolved script path.
+        argv = getattr(sys, "orig_argv", None) or sys.argv
+        command = " ".join([os.path.basename(argv[0]), *argv[1:]]) if argv else ""
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            # As typed (`python -m rlinf_jax.train ...`), not argv's resolved script path.
-            "command": " ".join(getattr(sys, "orig_argv", sys.argv))[:1000],
+            "command": command[:1000],
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
