@@ -140,7 +140,7 @@ def _step_flops(trainer, ts, step: int) -> dict:
 
     from rlinf_jax.rollout import sampler
 
-    with roofline.counting_calls(sampler, {"_prefill": 1, "_decode": lambda s: int(s.step) - 1}) as gen, \
+    with roofline.counting_calls(sampler, {"prefill_prompts": 1, "decode_tokens": lambda s: int(s.step) - 1}) as gen, \
             roofline.counting_calls(trainer, {"_update": 1, "_ref_logprobs": 1}) as upd:
         trainer.iteration(ts, step)
     return {"sampling": gen, "update": upd}

@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     # conversation as re-prefill does: the same FLOP count.
     with roofline.counting_calls(multi_turn, {"_turn": N - 1, "_extend": 1}) as ours_count:
         ours_run()
-    with roofline.counting_calls(single_turn, {"_prefill": 1, "_decode": N - 1}) as rp_count:
+    with roofline.counting_calls(single_turn, {"prefill_prompts": 1, "decode_tokens": N - 1}) as rp_count:
         reprefill_run()
     peak = roofline.peak_flops_per_s(args.peak_gflops)
     rates = {side: roofline.rate(c["flops"], statistics.median(t), peak)

@@ -333,13 +333,13 @@ def grpo_stages(peaks, repeats, batch=32, prompt=24, new_tokens=64) -> list[dict
     static = {"greedy": False, "top_k": 0, "use_top_p": False, "pad_id": 0}
 
     def prefill(params):
-        return sampling._prefill.__wrapped__(graphdef, params, ids, mask, key, samples, *scalars,
+        return sampling.prefill_prompts.__wrapped__(graphdef, params, ids, mask, key, samples, *scalars,
                                              gen_len=new_tokens, **static)
 
     filled, state = stage("grpo/sampler_prefill", prefill, (params,), peaks, repeats)
 
     def decode(params, state):
-        return sampling._decode.__wrapped__(graphdef, params, state, jnp.int32(new_tokens), *scalars,
+        return sampling.decode_tokens.__wrapped__(graphdef, params, state, jnp.int32(new_tokens), *scalars,
                                             prompt_len=prompt, **static)
 
     decoded, final = stage("grpo/sampler_decode", decode, (params, state), peaks, repeats, while_trips=new_tokens - 1)

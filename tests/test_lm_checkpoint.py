@@ -197,3 +197,24 @@ def test_convert_cli_bad_input_exits_2(tmp_path):
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_scanned_layout_from_hf_and_converted_directories(llama_dir, tmp_path):
+    """Both sources load into the scanned layout with the unrolled model's numbers; a
+    sharding given for a stacked parameter places the whole stack."""
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    by_embed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "data"))
+    tree = {"layers": {"mlp": {"up_proj": {"kernel": by_embed}}}}
+    unrolled = from_pretrained(llama_dir)
+    scanned = from_pretrained(llama_dir, shardings=tree, scan_layers=True)
+    kernel = scanned.layers.mlp.up_proj.kernel[...]
+    assert kernel.shape == (2, 60, 88) and kernel.sharding == by_embed
+    np.testing.assert_array_equal(kernel[1], unrolled.layers[1].mlp.up_proj.kernel[...])
+    np.testing.assert_allclose(logits_of(scanned), logits_of(unrolled), rtol=2e-5, atol=1e-5)  # logits ~3
+    assert convert_cli.main(["--from", str(llama_dir), "--to", str(tmp_path / "conv")]) == 0
+    converted = load_converted(tmp_path / "conv", shardings=tree, scan_layers=True)
+    assert converted.scan_layers and converted.layers.mlp.up_proj.kernel[...].sharding == by_embed
+    np.testing.assert_array_equal(logits_of(converted), logits_of(scanned))
+    with pytest.raises(BadInput, match="layers.0.mlp"):
+        from_pretrained(llama_dir, shardings={"layers": {0: {"mlp": {"up_proj": {"kernel": by_embed}}}}},
+                        scan_layers=True)

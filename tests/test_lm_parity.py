@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from safetensors.numpy import load_file
+
 from rlinf_jax.policies.lm import from_pretrained, save_pretrained
 from rlinf_jax.policies.lm.tiny import save_tiny
 
@@ -124,6 +126,31 @@ def test_export_round_trip_loads_in_transformers(family, tmp_path):
         assert torch.equal(ref_sd[key], back_sd[key]), key
     ids, mask = left_padded_batch(seed=3)
     np.testing.assert_array_equal(hf_logits(back.eval(), ids, mask), hf_logits(hf, ids, mask))
+
+
+def test_scanned_layout_matches_transformers_and_exports_the_same_tensors(family, tmp_path):
+    """A checkpoint loaded into the scanned layout (stacked blocks) gives transformers' logits,
+    and ``save_pretrained`` writes from it exactly the tensors it writes from the unrolled one,
+    which are the checkpoint's own."""
+    name, path, hf = family
+    scanned = from_pretrained(path, scan_layers=True)
+    c = hf.config
+    assert scanned.layers.mlp.up_proj.kernel[...].shape == (c.num_hidden_layers, c.hidden_size, c.intermediate_size)
+    ids, mask = left_padded_batch()
+    ours = np.asarray(scanned(jnp.asarray(ids), jnp.asarray(mask)))
+    valid = mask.astype(bool)
+    assert np.abs(ours - hf_logits(hf, ids, mask))[valid].max() <= 1e-4, name
+    save_pretrained(scanned, tmp_path / "scanned")
+    save_pretrained(from_pretrained(path), tmp_path / "unrolled")
+    from_scan = load_file(tmp_path / "scanned" / "model.safetensors")
+    from_unrolled = load_file(tmp_path / "unrolled" / "model.safetensors")
+    # A tied model's state dict lists the shared table twice; the checkpoint holds it once.
+    tied_head = "lm_head.weight" if c.tie_word_embeddings else None
+    original = {k: v.numpy() for k, v in hf.state_dict().items() if k != tied_head}
+    assert sorted(from_scan) == sorted(from_unrolled) == sorted(original)
+    for key, value in from_scan.items():
+        np.testing.assert_array_equal(value, from_unrolled[key], err_msg=key)
+        np.testing.assert_array_equal(value, original[key], err_msg=key)
 
 
 def test_bf16_export_loads_as_bf16(tmp_path):

@@ -212,12 +212,12 @@ def test_compiles_once_per_bucket(qwen3):
         sampler.generate(ids, mask, key, SamplingParams(max_new_tokens=new, temperature=0.9, top_p=0.95))
 
     run(17, 10)
-    before = (sampler_lib._prefill._cache_size(), sampler_lib._decode._cache_size())
+    before = (sampler_lib.prefill_prompts._cache_size(), sampler_lib.decode_tokens._cache_size())
     run(20, 14)  # prompt bucket 24, generation bucket 16: both as before
     run(24, 16)
-    assert (sampler_lib._prefill._cache_size(), sampler_lib._decode._cache_size()) == before
+    assert (sampler_lib.prefill_prompts._cache_size(), sampler_lib.decode_tokens._cache_size()) == before
     run(25, 16)  # next prompt bucket
-    assert sampler_lib._prefill._cache_size() == before[0] + 1
+    assert sampler_lib.prefill_prompts._cache_size() == before[0] + 1
 
 
 def test_bucket_lengths():

@@ -43,13 +43,13 @@ def test_sharded_sampling_equals_single_device(monkeypatch):
     key = jax.random.key(4)
 
     seen = {}
-    decode = sampler_lib._decode
+    decode = sampler_lib.decode_tokens
 
     def spy(graphdef, params, state, *args, **kwargs):
         seen["cache"], seen["tokens"] = state.cache.keys[0].sharding, state.tokens.sharding
         return decode(graphdef, params, state, *args, **kwargs)
 
-    monkeypatch.setattr(sampler_lib, "_decode", spy)
+    monkeypatch.setattr(sampler_lib, "decode_tokens", spy)
 
     def run(sampler, stop):
         greedy = SamplingParams(max_new_tokens=12, temperature=0, stop_tokens=stop)

@@ -156,9 +156,30 @@ class PolicyConfig:
     lm_num_kv_heads: int = 2
     lm_max_position_embeddings: int = 512
     lm_tie_word_embeddings: bool = True
+    # Language models: the decoder blocks stacked on a leading layer axis and run under one
+    # lax.scan, so XLA compiles one block whatever the depth (minutes instead of tens for a
+    # 28-layer model); the same numbers as the unrolled blocks up to float rounding. A run's
+    # checkpoints keep the layout it trained with (resume with the same setting); any
+    # checkpoint, converted or Hugging Face directory loads as actor.model.path into either.
+    scan_layers: bool = False
+    # Language models: what each decoder block keeps for the backward pass. "none" keeps every
+    # activation autodiff wants; "full" only the block's input, recomputing the block in the
+    # backward pass (about a third more compute, activations of one block at a time); "dots"
+    # the outputs of the projections (q/k/v/o and the MLP's), recomputing norms, RoPE,
+    # attention scores and softmax, and the MLP's activation.
+    remat: str = "none"
     # LoRA adapters on the attention and MLP projections; 0 = full fine-tuning.
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    # The frozen base of a LoRA run as stored: "none" (its dtype) or "nf4" (QLoRA: the
+    # adapted kernels in 4-bit NormalFloat, blocks of 64 with absmax scales, about 1/7 of
+    # their float32 bytes, dequantised inside each step; the qlora extra). Needs lora_rank > 0.
+    base_qtype: str = "none"
+    # Language models: the output head's vocabulary columns per chunk when training and
+    # scoring log-probs (matmul=xla): an online softmax over chunks, recomputed in the
+    # backward pass, so the [batch, tokens, vocab] float32 logits never exist whole (10 GiB
+    # at 16 x 1024 tokens of a 152k vocabulary). 0 = the whole vocabulary at once.
+    logits_chunk: int = 0
     # kind=vla: the tiny OpenVLA-shaped policy (a SigLIP-style tower of these sizes, the
     # lm_* Llama backbone, action chunks decoded in parallel over vla_n_bins bins per dim).
     vla_patch_size: int = 8
@@ -283,8 +304,9 @@ class ClusterConfig:
     # Which devices each component runs on: a preset (collocated | disaggregated |
     # hybrid | auto) or RLinf's mapping, e.g. {env: 0-3, rollout: 4-7, actor: all}.
     component_placement: Any = "collocated"
-    # Per-component mesh shape over its devices, e.g. {actor: {data: 2, fsdp: 2}};
-    # a component not named gets {data: <its device count>}.
+    # Per-component mesh shape over its devices, e.g. {actor: {data: 2, fsdp: 2}}; one axis
+    # may be "all" (what the others leave: {actor: {fsdp: all}} on any slice); a component
+    # not named gets {data: <its device count>}.
     mesh: dict[str, Any] = field(default_factory=dict)
     # Logical parameter axis -> mesh axis overrides, e.g. {mlp: fsdp}.
     partition_rules: dict[str, Any] = field(default_factory=dict)

@@ -46,6 +46,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.errors import BadInput
+from rlinf_jax.policies.lm.model import without_remat
 from rlinf_jax.sharding.partition import DEFAULT_RULES, logical_to_spec, param_shardings
 from rlinf_jax.sharding.reshard import reshard
 
@@ -234,7 +235,7 @@ def _uniforms(key, sample_ids, steps: int) -> jax.Array:
     static_argnames=("graphdef", "gen_len", "greedy", "top_k", "use_top_p", "pad_id", "layout", "group",
                      "prompt_layout"),
 )
-def _prefill(
+def prefill_prompts(
     graphdef, params, prompt, prompt_mask, key, sample_ids, temperature, top_p, stop_tokens,
     *, gen_len, greedy, top_k, use_top_p, pad_id, layout=None, group=1, prompt_layout=None,
 ):
@@ -277,7 +278,7 @@ def _prefill(
     static_argnames=("graphdef", "prompt_len", "greedy", "top_k", "use_top_p", "pad_id", "layout"),
     donate_argnames=("state",),
 )
-def _decode(
+def decode_tokens(
     graphdef, params, state: DecodeState, max_new_tokens, temperature, top_p, stop_tokens,
     *, prompt_len, greedy, top_k, use_top_p, pad_id, layout=None,
 ):
@@ -313,7 +314,7 @@ class Sampler:
     """
 
     def __init__(self, model, *, pad_id: int = 0, min_bucket: int = 8, mesh=None, rules=None):
-        self.graphdef, params = nnx.split(model)
+        self.graphdef, params = nnx.split(without_remat(model))  # sampling is never differentiated
         self.vocab_size = model.config.vocab_size
         self.num_kv_heads = model.config.num_kv_heads
         self.pad_id = int(pad_id)
@@ -325,6 +326,12 @@ class Sampler:
 
     def set_params(self, params) -> None:
         self.params = params if self.param_shardings is None else reshard(params, self.param_shardings)
+
+    def release_params(self) -> None:
+        """Lets go of the weights until the next `set_params`: a trainer whose rollout shares
+        chips with its actor frees the rollout's copy while the actor updates (the copy is
+        stale then, and rebuilt from the new weights right after)."""
+        self.params = None
 
     def layout(self, batch: int) -> Layout | None:
         """Where a batch of ``batch`` rows lives (None without a mesh)."""
@@ -387,11 +394,11 @@ class Sampler:
             prompts = jax.device_put(prompts, (prompt_layout or layout).rows)
             sample_ids, shared = jax.device_put(sample_ids, layout.rows), jax.device_put(shared, layout.replicated)
         (ids, mask), (key, temperature, top_p, stop, max_new) = prompts, shared
-        state = _prefill(
+        state = prefill_prompts(
             self.graphdef, self.params, ids, mask, key, sample_ids, temperature, top_p, stop,
             gen_len=N_b, layout=layout, group=group, prompt_layout=prompt_layout, **static,
         )
-        state = _decode(
+        state = decode_tokens(
             self.graphdef, self.params, state, max_new, temperature, top_p, stop,
             prompt_len=P_b, layout=layout, **static,
         )

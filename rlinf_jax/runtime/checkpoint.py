@@ -516,6 +516,20 @@ class Checkpointer:
             )
         return state, dict(restored[META] or {})
 
+    def read_meta(self, step: int) -> dict:
+        """The metadata saved with ``step``, without reading its arrays: what a run checks of
+        a checkpoint before restoring it. Unverified, and {} when it cannot be read (the
+        restore then says what is wrong)."""
+        mngr = self._mngr()
+        try:
+            with _quiet_if_failed(), _listing_quietly():
+                mngr.reload()
+                restored = mngr.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+        except Exception:  # orbax raises anything from JSONDecodeError to KeyError
+            return {}
+        meta = restored[META]
+        return dict(meta) if isinstance(meta, dict) else {}
+
     def _verify(self, step: int, state: Any, meta: dict) -> str | None:
         """None when ``step`` has no checksums (unverifiable) or they match."""
         path = self.step_path(step) / CHECKSUMS

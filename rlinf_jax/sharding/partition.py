@@ -48,6 +48,9 @@ DEFAULT_RULES: Mapping[str, str | tuple[str, ...] | None] = MappingProxyType(
         "kv_heads": "tensor",
         "head_dim": None,
         "norm": None,
+        # The leading axis of a scanned LM's stacked parameters: each scan step reads one
+        # layer, so splitting the layers over devices would gather them back every step.
+        "layers": None,
     }
 )
 
@@ -226,6 +229,12 @@ def rules_from_config(overrides: Mapping | None) -> dict[str, str | tuple[str, .
                 raise BadInput(f"partition rules: {name} maps to unknown mesh axis {axis!r}; axes are {', '.join(MESH_AXES)}")
         if len(set(axes)) != len(axes):
             raise BadInput(f"partition rules: {name} lists a mesh axis twice ({', '.join(axes)}); name each axis once")
+        if name == "layers" and axes:
+            raise BadInput(
+                f"partition rules: layers={target!r} would split a scanned model's stacked layers over devices, "
+                "which the scan would gather back at every layer; leave layers null (its parameters split "
+                "along embed, mlp, heads and vocab)"
+            )
         rules[name] = _entry(axes)
     return rules
 

@@ -1,14 +1,15 @@
 """Grouped-query self-attention with an optional static KV cache.
 
 The cache holds keys as ``[B, kv_heads, head_dim, S]`` and values as ``[B, kv_heads, S,
-head_dim]`` per layer, so both attention products are plain ``[rows, k] x [k, cols]`` matmuls
-over the cache. XLA CPU repacks a transposed right operand on every call: with keys stored
-``[.., S, head_dim]`` a decode step's four score products over a 1.4 MB cache each took about
-twice their value products. (Heads before positions was 1.3-1.5x faster than
-``[B, S, kv_heads, head_dim]``.) Both are written with ``dynamic_update_slice`` at
-``cache_index``, so a jitted decode loop can donate the cache and update it in place. Without a
-cache the keys are the current tokens themselves; both paths share ``attention_mask_3d`` and
-``attend`` so prefill, decode and training compute the same numbers.
+head_dim]`` per layer (a scanned model stacks the layers, ``[L, ...]``), so both attention
+products are plain ``[rows, k] x [k, cols]`` matmuls over the cache. XLA CPU repacks a
+transposed right operand on every call: with keys stored ``[.., S, head_dim]`` a decode step's
+four score products over a 1.4 MB cache each took about twice their value products. (Heads
+before positions was 1.3-1.5x faster than ``[B, S, kv_heads, head_dim]``.) Both are written
+with ``dynamic_update_slice`` at ``cache_index``, so a jitted decode loop can donate the cache
+and update it in place. Without a cache the keys are the current tokens themselves; both paths
+share ``attention_mask_3d`` and ``attend`` so prefill, decode and training compute the same
+numbers.
 """
 
 from __future__ import annotations
@@ -29,32 +30,51 @@ _MASKED = -1e30
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys ``[B, kv_heads, head_dim, S]`` and values ``[B, kv_heads, S, head_dim]``."""
+    """Keys ``[B, kv_heads, head_dim, S]`` and values ``[B, kv_heads, S, head_dim]`` of every
+    layer: a tuple of per-layer arrays (an unrolled model's), or one array each with a leading
+    layer axis, ``[L, B, ...]`` (a scanned model's, `policies.lm.layout`). ``keys[i]`` is layer
+    ``i``'s either way."""
 
-    keys: tuple[jax.Array, ...]
-    values: tuple[jax.Array, ...]
+    keys: tuple[jax.Array, ...] | jax.Array
+    values: tuple[jax.Array, ...] | jax.Array
 
     @property
     def max_len(self) -> int:
         return self.values[0].shape[2]
 
+    @property
+    def stacked(self) -> bool:
+        return not isinstance(self.keys, tuple)
+
     @classmethod
-    def zeros(cls, config: LMConfig, batch: int, max_len: int, dtype) -> KVCache:
+    def zeros(cls, config: LMConfig, batch: int, max_len: int, dtype, stacked: bool = False) -> KVCache:
         B, K, S, D = batch, config.num_kv_heads, max_len, config.head_dim
+        if stacked:
+            L = config.num_layers
+            return cls(keys=jnp.zeros((L, B, K, D, S), dtype), values=jnp.zeros((L, B, K, S, D), dtype))
         return cls(
             keys=tuple(jnp.zeros((B, K, D, S), dtype) for _ in range(config.num_layers)),
             values=tuple(jnp.zeros((B, K, S, D), dtype) for _ in range(config.num_layers)),
         )
 
     def map_rows(self, fn) -> KVCache:
-        """Every array passed through ``fn``, which acts on the leading (batch) axis alone."""
+        """Every layer's arrays passed through ``fn``, which acts on the leading (batch) axis
+        alone (mapped over the layer axis of a stacked cache)."""
+        if self.stacked:
+            return KVCache(jax.vmap(fn)(self.keys), jax.vmap(fn)(self.values))
         return KVCache(tuple(map(fn, self.keys)), tuple(map(fn, self.values)))
 
     def extend(self, extra: int) -> KVCache:
         """``extra`` empty slots appended after the last one."""
-        keys = tuple(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra))) for k in self.keys)
-        values = tuple(jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in self.values)
-        return KVCache(keys, values)
+
+        def pad(x, axis):
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, extra)
+            return jnp.pad(x, widths)
+
+        if self.stacked:
+            return KVCache(pad(self.keys, -1), pad(self.values, -2))
+        return KVCache(tuple(pad(k, -1) for k in self.keys), tuple(pad(v, -2) for v in self.values))
 
 
 def attention_mask_3d(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
@@ -122,11 +142,14 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None):
+    def __call__(self, x, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None, layer=None):
         """x ``[B*T, embed]`` -> ``([B*Q, embed], (keys, values) or None)``.
 
         With ``kv`` (this layer's cached keys / values) the new keys are written at slot
-        ``cache_index`` and the queries attend over the whole cache.
+        ``cache_index`` and the queries attend over the whole cache. With ``layer``, ``kv`` is
+        every layer's cache stacked (``[L, ...]``, a scanned model's): the new keys and values
+        are written into layer ``layer`` of it, the stack is returned, and that layer is
+        attended over.
 
         ``query_cols = (start, Q)`` (no cache): keys and values come from all ``T`` columns,
         queries only from columns ``start .. start + Q - 1`` (``Q = T`` without it). A last
@@ -149,7 +172,16 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cq, sq), apply_rope(k, cos, sin)
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # [B, K, D, T], [B, K, T, D]
         new_kv = None
-        if kv is not None:
+        if kv is not None and layer is not None:
+            # Only the new columns are written into the stack (a decode step writes one
+            # column a layer, in place), then the layer is read back to attend over.
+            keys, values = kv
+            keys = jax.lax.dynamic_update_slice(keys, k[None].astype(keys.dtype), (layer, 0, 0, 0, cache_index))
+            values = jax.lax.dynamic_update_slice(values, v[None].astype(values.dtype), (layer, 0, 0, cache_index, 0))
+            k = jax.lax.dynamic_index_in_dim(keys, layer, keepdims=False)
+            v = jax.lax.dynamic_index_in_dim(values, layer, keepdims=False)
+            new_kv = (keys, values)
+        elif kv is not None:
             cached_k, cached_v = kv
             k = jax.lax.dynamic_update_slice(cached_k, k.astype(cached_k.dtype), (0, 0, 0, cache_index))
             v = jax.lax.dynamic_update_slice(cached_v, v.astype(cached_v.dtype), (0, 0, cache_index, 0))

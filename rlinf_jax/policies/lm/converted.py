@@ -13,6 +13,7 @@ and nothing of this package.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -25,11 +26,17 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.hf_checkpoint import (
     abstract_model,
+    dotted,
+    fill_model,
     flatten_tree,
     from_pretrained,
+    layer_placement,
     parse_dtype,
+    placement_by_path,
     read_hf_config,
+    stack_placed,
 )
+from rlinf_jax.policies.lm.layout import stack_flat
 from rlinf_jax.policies.lm.model import CausalLM
 
 PARAMS_DIR = "params"
@@ -69,11 +76,12 @@ def convert(src, out_dir, dtype: str = "auto") -> Path:
     return out
 
 
-def load_converted(path, dtype=None, shardings=None) -> CausalLM:
+def load_converted(path, dtype=None, shardings=None, scan_layers: bool = False) -> CausalLM:
     """The model stored by ``convert`` (or ``python -m rlinf_jax.convert``).
 
     ``dtype`` (compute dtype) defaults to the stored parameters' dtype; ``shardings`` as in
-    ``from_pretrained``.
+    ``from_pretrained``. The directory holds the unrolled layout; ``scan_layers`` stacks the
+    blocks for a scan once they are read (`policies.lm.layout`).
     """
     d = Path(path)
     hf = read_hf_config(d)
@@ -85,17 +93,26 @@ def load_converted(path, dtype=None, shardings=None) -> CausalLM:
         param_dtype = _stored_dtype(stored)
         compute = parse_dtype(dtype) if dtype is not None else param_dtype
         graphdef, abstract_state = nnx.split(abstract_model(config, compute, param_dtype))
+        placement = shardings
+        if scan_layers:
+            # The stored layers are restored onto their rows of the stacked parameters' shardings.
+            scanned_graphdef, scanned_state = nnx.split(abstract_model(config, compute, param_dtype, scan_layers=True))
+            stacked_placement = placement_by_path(shardings, {dotted(p) for p, _ in nnx.to_flat_state(scanned_state)})
+            placement = layer_placement(stacked_placement, config.num_layers)
         target = nnx.to_pure_dict(abstract_state)
-        placement = _placement_tree(target, shardings)
         target = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, placement
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, _placement_tree(target, placement)
         )
         try:
             restored = ckptr.restore((d / PARAMS_DIR).absolute(), target)
         except (ValueError, KeyError) as e:
             raise BadInput(f"{d / PARAMS_DIR} does not match config.json ({str(e).splitlines()[0]})") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
-    return nnx.merge(graphdef, abstract_state)
+    if not scan_layers:
+        return nnx.merge(graphdef, abstract_state)
+    values = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
+    values = stack_flat(values, config.num_layers, stack=functools.partial(stack_placed, stacked_placement))
+    return fill_model(scanned_graphdef, scanned_state, values)
 
 
 def _stored_dtype(metadata) -> jnp.dtype:

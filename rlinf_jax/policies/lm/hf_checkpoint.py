@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import keymap
 from rlinf_jax.policies.lm.config import LMConfig
+from rlinf_jax.policies.lm.layout import layer_of, stack_flat, unstack_flat
 from rlinf_jax.policies.lm.model import CausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -174,9 +176,11 @@ def parse_dtype(dtype) -> jnp.dtype:
     return jnp.dtype(dtype)
 
 
-def abstract_model(config: LMConfig, dtype=jnp.float32, param_dtype=None) -> CausalLM:
+def abstract_model(config: LMConfig, dtype=jnp.float32, param_dtype=None, scan_layers: bool = False) -> CausalLM:
     """The model with shape-only parameters: the skeleton checkpoints are poured into."""
-    return nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(
+        lambda: CausalLM(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0), scan_layers=scan_layers)
+    )
 
 
 def dotted(path: tuple) -> str:
@@ -208,21 +212,28 @@ def fill_model(graphdef, abstract_state, values: Mapping[str, jax.Array]) -> Cau
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -> CausalLM:
+def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None, scan_layers: bool = False) -> CausalLM:
     """Build a ``CausalLM`` from a local Hugging Face directory.
 
     ``dtype`` is the compute dtype and, unless ``param_dtype`` says otherwise, the storage
     dtype. ``shardings`` places each parameter as it is read: one ``jax.sharding.Sharding``
     for all, or a tree (``nnx.State`` / nested dict shaped like the model's parameters) of them.
+    ``scan_layers``: the blocks stacked for a scan (`policies.lm.layout`); each layer's tensor
+    is placed as its row of the stacked parameter, and a parameter's layers are stacked once
+    all are read.
     """
     hf = read_hf_config(path)
     files = safetensors_files(path)
     config = LMConfig.from_hf_config(hf)
     dtype = parse_dtype(dtype)
     param_dtype = parse_dtype(param_dtype) if param_dtype is not None else dtype
+    # Checkpoint keys map onto the unrolled layout's paths, one tensor each.
     graphdef, abstract_state = nnx.split(abstract_model(config, dtype, param_dtype))
     targets = {dotted(p): v.get_value() for p, v in nnx.to_flat_state(abstract_state)}
-    placement = _placement(shardings, targets)
+    if scan_layers:
+        graphdef, abstract_state = nnx.split(abstract_model(config, dtype, param_dtype, scan_layers=True))
+    placement = placement_by_path(shardings, {dotted(p) for p, _ in nnx.to_flat_state(abstract_state)})
+    per_tensor = layer_placement(placement, config.num_layers) if scan_layers else placement
 
     values: dict[str, jax.Array] = {}
     for file in files:
@@ -248,7 +259,7 @@ def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -
                         f"checkpoint tensor {key!r} has shape {shape} but config.json implies {expected}"
                     )
                 host = keymap.apply(transform, weight_tensor(f, key, file)).astype(param_dtype)
-                values[target] = jax.device_put(host, placement.get(target))
+                values[target] = jax.device_put(host, per_tensor.get(target))
                 del host
     missing = [keymap.to_hf(p)[0] for p in targets if p not in values]
     if missing:
@@ -256,10 +267,37 @@ def from_pretrained(path, dtype=jnp.float32, shardings=None, param_dtype=None) -
             f"checkpoint {path} lacks {len(missing)} tensor(s) the config.json implies, e.g. "
             f"{', '.join(repr(k) for k in missing[:4])}"
         )
+    if scan_layers:
+        values = stack_flat(values, config.num_layers, stack=functools.partial(stack_placed, placement))
     return fill_model(graphdef, abstract_state, values)
 
 
-def _placement(shardings, targets) -> dict[str, object]:
+def layer_placement(placement: Mapping[str, object], num_layers: int) -> dict[str, object]:
+    """Shardings of a scanned model's parameters (``layers.<name>``) -> those of each layer's
+    slice (``layers.<i>.<name>``): the stacked spec less its leading, never split, layer axis."""
+    out = {}
+    for path, sharding in placement.items():
+        if not path.startswith("layers.") or layer_of(path) is not None:
+            out[path] = sharding
+            continue
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[1:]))
+        rest = path.removeprefix("layers.")
+        out.update({f"layers.{i}.{rest}": sharding for i in range(num_layers)})
+    return out
+
+
+def stack_placed(placement: Mapping[str, object], name: str, arrays: list) -> jax.Array:
+    """One parameter's layers stacked, on its sharding in ``placement`` when it has one."""
+    sharding = placement.get(name)
+    if sharding is None:
+        return jnp.stack(arrays)
+    return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=sharding)(*arrays)
+
+
+def placement_by_path(shardings, targets: set[str]) -> dict[str, object]:
+    """``{dotted path: sharding}`` of the parameters ``targets`` names, from ``shardings`` as
+    `from_pretrained` takes it ({} for None)."""
     if shardings is None:
         return {}
     if isinstance(shardings, jax.sharding.Sharding):
@@ -272,11 +310,16 @@ def _placement(shardings, targets) -> dict[str, object]:
 
 
 def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
-    """The model's parameters as host arrays under Hugging Face keys and layouts."""
+    """The model's parameters as host arrays under Hugging Face keys and layouts (a scanned
+    model's stacked parameters one tensor per layer, as the unrolled model's)."""
+    flat = {
+        dotted(path): np.asarray(jax.device_get(var.get_value()))
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+    }
     out = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        key, transform = keymap.to_hf(dotted(path))
-        out[key] = np.ascontiguousarray(keymap.apply(transform, np.asarray(jax.device_get(var.get_value()))))
+    for path, value in (unstack_flat(flat) if model.scan_layers else flat).items():
+        key, transform = keymap.to_hf(path)
+        out[key] = np.ascontiguousarray(keymap.apply(transform, value))
     return out
 
 

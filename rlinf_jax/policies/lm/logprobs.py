@@ -98,11 +98,90 @@ def attended(batch: dict):
     return batch.get("response_valid", batch["response_mask"])
 
 
-def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0, group: int = 1):
+def policy_logprobs(model: CausalLM, batch: dict, temperature: float = 1.0, group: int = 1, logits_chunk: int = 0):
     """``(logp, entropy)`` ``[B, N]`` of the batch's response tokens under ``model``
-    (``group``: see `response_hidden`)."""
+    (``group``: see `response_hidden`).
+
+    ``logits_chunk > 0`` (``actor.model.logits_chunk``) on the ``xla`` backend: the output
+    head runs that many vocabulary columns at a time (`chunked_token_logprobs`), so the
+    ``[B, N, vocab]`` logits are never held whole; the ``mkl`` backend keeps its own kernel.
+    """
     h = response_hidden(model, batch["prompt_ids"], batch["prompt_mask"], batch["tokens"], attended(batch), group)
+    if logits_chunk > 0 and model.matmul == "xla":
+        weights, vocab_axis = output_head(model)
+        return chunked_token_logprobs(h, weights, vocab_axis, batch["tokens"], temperature, logits_chunk, model.dtype)
     return token_logprobs(model.logits(h), batch["tokens"], temperature, model.matmul)
+
+
+def output_head(model: CausalLM) -> tuple[jax.Array, int]:
+    """The output head's weights and their vocabulary axis: the tied embedding table
+    ``[vocab, embed]`` (axis 0) or the ``lm_head`` kernel ``[embed, vocab]`` (axis 1)."""
+    if model.embed is None:
+        raise ValueError("this model was built with token_embeddings=False: it has no output head")
+    if model.lm_head is None:
+        return model.embed.embedding[...], 0
+    return model.lm_head.kernel[...], 1
+
+
+def chunked_token_logprobs(hidden, weights, vocab_axis: int, tokens, temperature: float = 1.0, chunk: int = 8192,
+                           dtype=jnp.float32):
+    """`token_logprobs` of the logits ``hidden [B, N, embed]`` x the head ``weights``, computed
+    ``chunk`` vocabulary columns at a time; the ``[B, N, vocab]`` logits never exist whole.
+
+    An online softmax (as in flash attention) runs over the chunks with, per row, the running
+    maximum ``m`` of the scaled logits ``z``, ``s = sum exp(z - m)``, ``u = sum exp(z - m) (z - m)``
+    and the chosen token's ``z``; when ``m`` grows to ``m'`` the sums are rescaled by
+    ``exp(m - m')`` (``u`` also shifted by ``(m - m') s``). At the end ``log Z = m + log s``,
+    ``log pi(token) = z_token - log Z`` and the entropy ``log Z - E_p[z] = log s - u / s``. The
+    maximum carries no gradient (the results do not depend on it), as in `token_logprobs`.
+
+    Each chunk's step is rematerialised (``jax.checkpoint``): the backward pass recomputes the
+    chunk's logits from ``hidden`` and the head instead of keeping them, so memory holds one
+    chunk's ``[B * N, chunk]`` at a time. The last chunk is the remainder when ``chunk`` does
+    not divide the vocabulary. The products run in ``dtype`` accumulated in float32, as the
+    model's own head does (`CausalLM.logits`).
+    """
+    lead = hidden.shape[:-1]
+    h = hidden.reshape(-1, hidden.shape[-1]).astype(dtype)
+    ids = tokens.reshape(-1)
+    vocab = weights.shape[vocab_axis]
+    chunk = min(int(chunk), vocab)
+    scaled = temperature not in (0.0, 1.0)
+
+    def step(carry, start, size):
+        m, s, u, chosen = carry
+        w = jax.lax.dynamic_slice_in_dim(weights, start, size, axis=vocab_axis).astype(dtype)
+        contract = ((1,), (1 - vocab_axis,))
+        z = jax.lax.dot_general(h, w, (contract, ((), ())), preferred_element_type=jnp.float32)
+        if scaled:
+            z = z / temperature
+        new_m = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(z, axis=-1)))
+        shifted = z - new_m[:, None]
+        e = jnp.exp(shifted)
+        decay = jnp.exp(m - new_m)
+        u = decay * (u + (m - new_m) * s) + jnp.sum(e * shifted, axis=-1)
+        s = decay * s + jnp.sum(e, axis=-1)
+        hit = (start + jnp.arange(size)) == ids[:, None]
+        chosen = chosen + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)
+        return new_m, s, u, chosen
+
+    rows = h.shape[0]
+    # The lowest finite float as the first maximum: exp(m - m') is then exactly 0, where
+    # -inf would give inf - inf on the first rescale.
+    zeros = jnp.zeros((rows,), jnp.float32)
+    carry = (jnp.full((rows,), jnp.finfo(jnp.float32).min, jnp.float32), zeros, zeros, zeros)
+    full, rest = divmod(vocab, chunk)
+    # No common subexpression spans two steps of a scan: the checkpoint's guard against XLA
+    # merging the recomputation with the forward pass is not needed there.
+    body = jax.checkpoint(lambda c, i: (step(c, i * chunk, chunk), None), prevent_cse=False)
+    carry, _ = jax.lax.scan(body, carry, jnp.arange(full))
+    if rest:
+        carry = jax.checkpoint(lambda c: step(c, full * chunk, rest))(carry)
+    m, s, u, chosen = carry
+    log_s = jnp.log(s)
+    logp = chosen - m - log_s
+    entropy = log_s - u / s
+    return logp.reshape(lead), entropy.reshape(lead)
 
 
 def values_of(value_model: ValueModel, batch: dict):
@@ -113,12 +192,20 @@ def values_of(value_model: ValueModel, batch: dict):
     return value_model.head(h)
 
 
-def chunked(fn, batch: dict, chunk: int):
+def chunked(fn, batch: dict, chunk: int, layout=None):
     """``fn(batch)`` evaluated ``chunk`` rows at a time (``lax.map``), to bound activation
-    memory of a forward pass over a whole rollout batch; outputs concatenated."""
+    memory of a forward pass over a whole rollout batch; outputs concatenated.
+
+    ``layout`` (a sharding of the ``[chunks, chunk, ...]`` parts, e.g. ``P(None, batch
+    axes)``) spreads each chunk's rows over the devices. Without it a batch split by rows
+    over N devices is cut into chunks that each live on one device, and every step of the
+    map gathers its chunk whole onto every device: on 16 TPU chips that was 8 GiB of a 7B
+    update's temporaries."""
     B = next(iter(batch.values())).shape[0]
     if chunk >= B or B % chunk:
         return fn(batch)
     parts = jax.tree.map(lambda x: x.reshape(B // chunk, chunk, *x.shape[1:]), batch)
+    if layout is not None:
+        parts = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, layout), parts)
     out = jax.lax.map(fn, parts)
     return jax.tree.map(lambda x: x.reshape(B, *x.shape[2:]), out)

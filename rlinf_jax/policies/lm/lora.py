@@ -7,6 +7,10 @@ run as ``W + (alpha / r) * A @ B`` (``merge``), inside their jitted steps. ``B``
 zero, so the first forward pass is the base model's exactly; ``A`` starts Gaussian with
 std ``1 / r``. Adapter keys join the kernel's path with ``:`` (checkpoint paths use dots).
 
+A scanned model's stacked kernels ``[L, in, out]`` get stacked adapters, ``[L, in, r]`` and
+``[L, r, out]`` (the merge's product is batched over the layers), drawn as the unrolled
+model's adapters of the same layers: the same seed trains the same numbers in either layout.
+
 The rollout receives merged weights (the sampler runs a plain model); checkpoints hold the
 base and the adapters, and loading an LoRA run's checkpoint as ``actor.model.path`` merges
 them (``merge_host``).
@@ -19,12 +23,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rlinf_jax.policies.lm.layout import LAYERS
+
 # Projections that get adapters: attention q/k/v/o and the MLP's gate/up/down kernels.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def adapter_key(path) -> str:
     return ":".join(str(p) for p in path)
+
+
+def unrolled_key(key: str, layer: int) -> str:
+    """The unrolled model's adapter key of ``layer`` of a stacked kernel's key."""
+    head, _, rest = key.partition(":")
+    if head != LAYERS:
+        raise ValueError(f"{key} is not a stacked layer kernel (its path does not start with {LAYERS})")
+    return f"{LAYERS}:{layer}:{rest}"
 
 
 def target_paths(state) -> list[str]:
@@ -44,12 +58,33 @@ class LoRA:
         self.shapes = {adapter_key(p): v.get_value().shape for p, v in nnx.to_flat_state(base_state)}
 
     def init(self, key) -> dict:
+        draws = self._draw_order()
         adapters = {}
-        for i, path in enumerate(self.targets):
-            d_in, d_out = self.shapes[path]
-            a = jax.random.normal(jax.random.fold_in(key, i), (d_in, self.rank), jnp.float32) / self.rank
-            adapters[path] = {"a": a, "b": jnp.zeros((self.rank, d_out), jnp.float32)}
+        for path in self.targets:
+            *layers, d_in, d_out = self.shapes[path]
+            if not layers:
+                adapters[path] = self._pair(key, draws[path], d_in, d_out)
+                continue
+            pairs = [self._pair(key, draws[unrolled_key(path, i)], d_in, d_out) for i in range(layers[0])]
+            adapters[path] = {part: jnp.stack([p[part] for p in pairs]) for part in ("a", "b")}
         return adapters
+
+    def _pair(self, key, i: int, d_in: int, d_out: int) -> dict:
+        a = jax.random.normal(jax.random.fold_in(key, i), (d_in, self.rank), jnp.float32) / self.rank
+        return {"a": a, "b": jnp.zeros((self.rank, d_out), jnp.float32)}
+
+    def _draw_order(self) -> dict[str, int]:
+        """The number of each adapter's random draw: its place among the targets, and for a
+        stacked kernel's layers their places among the unrolled model's targets (whose
+        flat-state order is that of their sorted paths)."""
+        if all(len(self.shapes[path]) == 2 for path in self.targets):
+            return {path: i for i, path in enumerate(self.targets)}
+        paths = []
+        for path in self.targets:
+            *layers, _, _ = self.shapes[path]
+            paths += [unrolled_key(path, i) for i in range(layers[0])] if layers else [path]
+        ordered = sorted(paths, key=lambda k: tuple(int(p) if p.isdigit() else p for p in k.split(":")))
+        return {k: i for i, k in enumerate(ordered)}
 
     def merge(self, base, adapters):
         """The base state with ``W + scale * A @ B`` in every adapted kernel (jit-friendly)."""

@@ -7,6 +7,10 @@ mask (``cumsum - 1``), so left-padded batches give each row the numbers it would
 With ``cache=`` and ``cache_index=`` the same call runs prefill / decode steps on a static KV
 cache and returns ``(logits, new_cache)``. ``hidden_states`` gives the final-norm hidden states
 for heads that sit on the LM (a value head).
+
+The blocks are unrolled (one copy per layer in the compiled program) or, with
+``scan_layers=True``, stacked and run under ``lax.scan`` so that compile time does not grow with
+depth (`policies.lm.layout`); ``remat`` names what each block keeps for the backward pass.
 """
 
 from __future__ import annotations
@@ -16,10 +20,34 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax import kernels
+from rlinf_jax.errors import BadInput
 from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
+from rlinf_jax.policies.lm.layout import stack_flat, stack_variables, unstack_flat
+
+# What each decoder block keeps of its forward pass for the backward pass (``jax.checkpoint``):
+# "none" keeps everything autodiff wants (no recomputation); "full" keeps only the block's
+# input and recomputes the rest; "dots" keeps the outputs of the projections (XLA matrix
+# products without batch dimensions: q/k/v/o and the MLP's) and recomputes norms, RoPE, the
+# attention products and softmax, and the activations between them. (Products through the MKL
+# backend are custom calls, not dots: "dots" recomputes them too.)
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+def check_remat(remat: str) -> None:
+    if remat not in REMAT_POLICIES:
+        raise BadInput(f"remat={remat!r} is not a rematerialisation policy; choose one of {', '.join(REMAT_POLICIES)}")
+
+
+def checkpointed(fn, remat: str, prevent_cse: bool = True):
+    """``fn`` under ``jax.checkpoint`` with the policy ``remat`` names (``fn`` itself for "none")."""
+    check_remat(remat)
+    if remat == "none":
+        return fn
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if remat == "dots" else None
+    return jax.checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
 
 
 class MLP(nnx.Module):
@@ -87,10 +115,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config, matmul=matmul, **kw)
 
-    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None):
+    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None, layer=None):
         """``h [B*T, embed]`` -> ``[B*Q, embed]``: ``Q = T``, or the columns ``query_cols``
-        names (``(start, Q)``, see `Attention`)."""
-        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index, query_cols)
+        names (``(start, Q)``; ``layer``: ``kv`` is the stacked cache, see `Attention`)."""
+        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index, query_cols, layer)
         if query_cols is not None:
             start, n = query_cols
             h = h.reshape(batch, length, -1)[:, start : start + n].reshape(batch * n, -1)
@@ -110,6 +138,11 @@ class CausalLM(nnx.Module):
     ``token_embeddings=False`` builds the decoder stack alone (no embedding table, no output
     head): a backbone that is only ever fed ``inputs_embeds``, such as pi0's action expert,
     need not carry a vocabulary-sized table it never reads.
+
+    ``scan_layers=True`` stacks the blocks' parameters on a leading layer axis (``layers``
+    holds one `Block` of ``[num_layers, ...]`` arrays) and runs them under ``lax.scan``; the
+    same seed gives the same weights in either layout (`relayout` converts a model). ``remat``
+    is one of `REMAT_POLICIES`, applied to each block in either layout.
     """
 
     def __init__(
@@ -121,18 +154,29 @@ class CausalLM(nnx.Module):
         rngs: nnx.Rngs,
         token_embeddings: bool = True,
         matmul: str = "xla",
+        scan_layers: bool = False,
+        remat: str = "none",
     ):
         param_dtype = param_dtype or dtype
+        check_remat(remat)
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.matmul = matmul
+        self.scan_layers = bool(scan_layers)
+        self.remat = remat
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         scale = config.hidden_size**0.5 if config.is_gemma else None
         self.embed = (
             Embed(config.vocab_size, config.hidden_size, scale=scale, matmul=matmul, **kw) if token_embeddings else None
         )
-        self.layers = nnx.List([Block(config, matmul=matmul, **kw) for _ in range(config.num_layers)])
+        blocks = [Block(config, matmul=matmul, **kw) for _ in range(config.num_layers)]
+        if self.scan_layers:
+            # Built one by one and stacked, so a seed gives the unrolled model's weights.
+            graphdef = nnx.graphdef(blocks[0])
+            self.layers = nnx.merge(graphdef, stack_variables([nnx.state(b) for b in blocks]))
+        else:
+            self.layers = nnx.List(blocks)
         self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
         if config.tie_word_embeddings or not token_embeddings:
             self.lm_head = None
@@ -143,7 +187,7 @@ class CausalLM(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
         """An empty static KV cache for ``batch`` rows of up to ``max_len`` tokens."""
-        return KVCache.zeros(self.config, batch, max_len, dtype or self.dtype)
+        return KVCache.zeros(self.config, batch, max_len, dtype or self.dtype, stacked=self.scan_layers)
 
     def hidden_states(
         self,
@@ -213,18 +257,74 @@ class CausalLM(nnx.Module):
             output_cols = (int(output_cols[0]), int(output_cols[1]))
             if output_cols[0] < 0 or output_cols[1] < 1 or sum(output_cols) > T:
                 raise ValueError(f"output_cols={output_cols} must lie inside the {T} input columns")
-        new_keys, new_values = [], []
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.keys[i], cache.values[i])
-            h, new_kv = layer(h, B, T, rope, mask, kv, cache_index, output_cols if i == last else None)
-            if new_kv is not None:
-                new_keys.append(new_kv[0])
-                new_values.append(new_kv[1])
+        ctx = {"batch": B, "length": T, "rope": rope, "mask": mask, "cache_index": cache_index}
+        if self.scan_layers:
+            h, new_cache = self._scanned_layers(h, cache, ctx)
+            if output_cols is not None:
+                # Every layer ran at every column: the last one's extra columns cost 1 / L of the
+                # stack, where a last layer run apart would need its weights sliced out of the
+                # stacked arrays, a copy of every layer's weights in each call.
+                start, n = output_cols
+                h = h.reshape(B, T, -1)[:, start : start + n].reshape(B * n, -1)
+        else:
+            h, new_cache = self._unrolled_layers(h, cache, ctx, output_cols)
         h = self.final_norm(h).reshape(B, T if output_cols is None else output_cols[1], -1)
         if cache is None:
             return h
-        return h, KVCache(tuple(new_keys), tuple(new_values))
+        return h, new_cache
+
+    def _block(self, graphdef, *, batch, length, rope, mask, cache_index, query_cols=None, prevent_cse=True):
+        """``(block state, h, kv, layer=None) -> (h, new kv)``: a block of structure ``graphdef``
+        under the model's remat policy."""
+
+        def apply(state, h, kv, layer=None):
+            return nnx.merge(graphdef, state)(h, batch, length, rope, mask, kv, cache_index, query_cols, layer)
+
+        return checkpointed(apply, self.remat, prevent_cse)
+
+    def _unrolled_layers(self, h, cache, ctx, output_cols):
+        new_keys, new_values = [], []
+        last = self.config.num_layers - 1
+        for i, layer in enumerate(self.layers):
+            graphdef, state = nnx.split(layer)
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            block = self._block(graphdef, query_cols=output_cols if i == last else None, **ctx)
+            h, new_kv = block(state, h, kv)
+            if new_kv is not None:
+                new_keys.append(new_kv[0])
+                new_values.append(new_kv[1])
+        return h, (None if cache is None else KVCache(tuple(new_keys), tuple(new_values)))
+
+    def _scanned_layers(self, h, cache, ctx):
+        graphdef, stacked = nnx.split(self.layers)
+        # A loop body's recomputation cannot be merged with the forward pass it repeats (they
+        # are different loops), so the checkpoint's own guard against that is not needed.
+        block = self._block(graphdef, prevent_cse=False, **ctx)
+        if cache is None:
+            h, _ = jax.lax.scan(lambda h, state: (block(state, h, None)[0], None), h, stacked)
+            return h, None
+
+        def step(carry, xs):
+            # The whole cache rides in the carry, so a donated cache is updated in place. Without
+            # remat each layer writes its new columns straight into it (`Attention`'s
+            # ``layer``); a checkpointed block must not take the whole cache as an input (its
+            # inputs are kept for the backward pass, a copy per layer), so it gets its layer's
+            # slice, which is written back whole.
+            h, keys, values = carry
+            state, i = xs
+            if self.remat == "none":
+                h, (keys, values) = block(state, h, (keys, values), i)
+                return (h, keys, values), None
+            kv = (jax.lax.dynamic_index_in_dim(keys, i, keepdims=False),
+                  jax.lax.dynamic_index_in_dim(values, i, keepdims=False))
+            h, (k, v) = block(state, h, kv)
+            keys = jax.lax.dynamic_update_index_in_dim(keys, k, i, 0)
+            values = jax.lax.dynamic_update_index_in_dim(values, v, i, 0)
+            return (h, keys, values), None
+
+        layers = jnp.arange(self.config.num_layers)
+        (h, keys, values), _ = jax.lax.scan(step, (h, cache.keys, cache.values), (stacked, layers))
+        return h, KVCache(keys, values)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits ``[..., vocab]`` from hidden states ``[..., embed]``."""
@@ -252,3 +352,31 @@ def set_matmul(model: nnx.Module, backend: str) -> None:
     for _, module in nnx.iter_modules(model):
         if hasattr(module, "matmul"):
             module.matmul = backend
+
+
+def without_remat(model: CausalLM) -> CausalLM:
+    """``model`` (the same arrays) without rematerialisation: for programs that are never
+    differentiated, such as a sampler's, where it saves nothing and a checkpointed scanned
+    block writes its whole cache slice back instead of the new columns."""
+    copy = nnx.merge(*nnx.split(model))
+    copy.remat = "none"
+    return copy
+
+
+def relayout(model: CausalLM, scan_layers: bool) -> CausalLM:
+    """``model`` with its blocks unrolled (``scan_layers=False``) or stacked for a scan: the
+    same weights, dtypes, product backend and remat policy (``model`` itself when it is
+    already in that layout)."""
+    if model.scan_layers == bool(scan_layers):
+        return model
+    flat = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}
+    flat = stack_flat(flat, model.config.num_layers) if scan_layers else unstack_flat(flat)
+    abstract = nnx.eval_shape(lambda: CausalLM(
+        model.config, dtype=model.dtype, param_dtype=model.param_dtype, rngs=nnx.Rngs(0),
+        token_embeddings=model.embed is not None, matmul=model.matmul, scan_layers=scan_layers, remat=model.remat,
+    ))
+    graphdef, state = nnx.split(abstract)
+    variables = nnx.to_flat_state(state)
+    for path, var in variables:
+        var.set_value(flat[".".join(map(str, path))])
+    return nnx.merge(graphdef, nnx.from_flat_state(variables))

@@ -20,6 +20,7 @@ from rlinf_jax.runtime import RunDir, list_steps
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.tasks.reasoning.config import check_algorithm
 from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
+from rlinf_jax.tasks.sft.lm_model import check_resume_layout
 from rlinf_jax.tasks.sft.loop import LMLoop, LMRunSummary
 from rlinf_jax.tasks.sft.run import run_lm as run_sft
 
@@ -85,6 +86,7 @@ def run(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
             return opened.done
         run_dir, resume_path = opened.run_dir, opened.resume_path
         check_algorithm(cfg)  # before a warm start spends minutes
+        check_resume_layout(cfg, resume_path)
         warm = warm_start(cfg, console)
         train_cfg = cfg
         if warm is not None:

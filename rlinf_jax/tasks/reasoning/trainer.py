@@ -34,6 +34,7 @@ from rlinf_jax.agents.factory import env_factory, tool_executor
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader
 from rlinf_jax.flow.optim import clipped_adamw
+from rlinf_jax.policies.lm.qlora import dequantize_state
 from rlinf_jax.policies.lm.value import ValueModel
 from rlinf_jax.rollout.lm_io import sync_sampler
 from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits
@@ -81,8 +82,9 @@ class ReasoningTrainer(LMTrainer):
         params = dict(lm.params)
         value_graphdef = None
         if a.adv_type == "gae":
-            # The critic starts as a copy of the policy's trunk with a zero head.
-            trunk = nnx.merge(lm.graphdef, jax.tree.map(jnp.copy, params["policy"]))
+            # The critic starts as a copy of the policy's trunk with a zero head (a QLoRA
+            # base dequantised: the critic trains whole).
+            trunk = nnx.merge(lm.graphdef, jax.tree.map(jnp.copy, dequantize_state(params["policy"])))
             value_graphdef, params["value"] = nnx.split(ValueModel(trunk, rngs=nnx.Rngs(cfg.runner.seed)))
         actor_mesh = self.meshes["actor"]
         self.param_shardings = param_shardings(params, actor_mesh, self.rules)
@@ -101,8 +103,13 @@ class ReasoningTrainer(LMTrainer):
             layout = NamedSharding(actor_mesh, PartitionSpec(None, None, batch_axes(actor_mesh)))
         u = self.update_spec = rl.RLUpdate.of(cfg, lm.graphdef, value_graphdef, self.lora, self.tx, schedule, self.samples, layout)
         self._update = jax.jit(functools.partial(rl.update, u), donate_argnums=0, out_shardings=(self._state_shardings(), None))
+        ref_layout = None
+        if self.reference is not None:
+            ref_mesh = self.meshes["reference"]
+            if self.micro % batch_divisor(ref_mesh) == 0 and batch_axes(ref_mesh):
+                ref_layout = rl.chunk_layout(ref_mesh, batch_axes(ref_mesh))
         self._ref_logprobs = jax.jit(functools.partial(rl.reference_logprobs, lm.graphdef, u.temperature, self.micro,
-                                                      u.prompt_group))
+                                                      u.prompt_group, logits_chunk=u.logits_chunk, layout=ref_layout))
         self._merged_policy = jax.jit(functools.partial(policy_weights, self.lora))
 
         ro = cfg.rollout
@@ -176,6 +183,9 @@ class ReasoningTrainer(LMTrainer):
             ref_logp = self._ref_logprobs(self.reference, place_rows(ref_rows, self.meshes["reference"], self.samples))
             device_batch["ref_logp"] = place_rows({"x": ref_logp}, actor_mesh, self.samples)["x"]
         t1 = time.perf_counter()
+        # The rollout's copy of the weights is stale from here on and rebuilt by the sync
+        # below: released, so that on shared chips the update has its memory.
+        self.sampler.release_params()
         ts, train_metrics = self._update(ts, device_batch, update_key)
         train_metrics = {k: float(v) for k, v in fetch(train_metrics).items()}
         t2 = time.perf_counter()

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, aggregate, get_advantage, get_policy_loss, kl_penalty, value_loss
 from rlinf_jax.algos import advantages as adv_lib
@@ -36,7 +37,8 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.optim import guarded_update
 from rlinf_jax.policies.lm.logprobs import chunked, policy_logprobs, values_of
 from rlinf_jax.policies.lm.lora import LoRA
-from rlinf_jax.tasks.sft.lm_setup import policy_weights
+from rlinf_jax.policies.lm.qlora import dequantize_state
+from rlinf_jax.tasks.sft.lm_setup import policy_weights, trainable_value_and_grad, zero_grads
 
 
 @struct.dataclass
@@ -69,10 +71,18 @@ class RLUpdate:
     turn_mode: str = "trajectory"
     # Rows per shared prompt in every micro-batch (1: each row runs its own prompt).
     prompt_group: int = 1
+    # Vocabulary columns per chunk of the output head (actor.model.logits_chunk; 0: all).
+    logits_chunk: int = 0
 
     @property
     def n_micro(self) -> int:
         return self.mini // self.micro
+
+    @property
+    def chunk_layout(self):
+        """The layout of a whole-batch forward pass cut into micro-batches (``[chunks, micro,
+        ...]``): each micro-batch's rows split as the update's are."""
+        return None if self.layout is None else chunk_layout(self.layout.mesh, self.layout.spec[2])
 
     @classmethod
     def of(cls, cfg: Config, graphdef, value_graphdef, lora, tx, schedule, samples: int, layout) -> RLUpdate:
@@ -101,13 +111,21 @@ class RLUpdate:
             layout=layout,
             turn_mode=cfg.agent.advantage_mode,
             prompt_group=g if shared else 1,
+            logits_chunk=cfg.actor.model.logits_chunk,
         )
 
 
-def reference_logprobs(graphdef, temperature: float, micro: int, group: int, ref_params, batch: dict):
-    """Log-probs ``[S, N]`` of the responses under the reference model."""
-    model = nnx.merge(graphdef, ref_params)
-    return chunked(lambda mb: policy_logprobs(model, mb, temperature, group)[0], batch, micro)
+def chunk_layout(mesh, axes):
+    """``[chunks, rows, ...]`` with the rows split over ``axes`` of ``mesh`` (see `chunked`)."""
+    return NamedSharding(mesh, PartitionSpec(None, axes))
+
+
+def reference_logprobs(graphdef, temperature: float, micro: int, group: int, ref_params, batch: dict,
+                       logits_chunk: int = 0, layout=None):
+    """Log-probs ``[S, N]`` of the responses under the reference model (a QLoRA run's
+    reference is its base, kept in NF4 and dequantised here); ``layout``: see `chunked`."""
+    model = nnx.merge(graphdef, dequantize_state(ref_params))
+    return chunked(lambda mb: policy_logprobs(model, mb, temperature, group, logits_chunk)[0], batch, micro, layout)
 
 
 def advantages(u: RLUpdate, params, batch: dict) -> dict:
@@ -117,8 +135,8 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
     out = {}
     if u.recompute_old:
         model = nnx.merge(u.graphdef, policy_weights(u.lora, params))
-        fn = lambda mb: policy_logprobs(model, mb, u.temperature, u.prompt_group)[0]  # noqa: E731
-        out["old_logp"] = jax.lax.stop_gradient(chunked(fn, batch, u.micro))
+        fn = lambda mb: policy_logprobs(model, mb, u.temperature, u.prompt_group, u.logits_chunk)[0]  # noqa: E731
+        out["old_logp"] = jax.lax.stop_gradient(chunked(fn, batch, u.micro, u.chunk_layout))
     rewards = batch["rewards"]
     kl_tokens = None
     if a.kl_coef > 0 and a.kl_in_reward:
@@ -146,7 +164,7 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
         out["advantages"] = adv_lib.reinforce_pp_baseline(outcome, m, a.group_size, a.gamma, token_penalty=penalty)
     else:  # gae on the value model
         vm = nnx.merge(u.value_graphdef, params["value"])
-        values = jax.lax.stop_gradient(chunked(lambda mb: values_of(vm, mb), batch, u.micro))
+        values = jax.lax.stop_gradient(chunked(lambda mb: values_of(vm, mb), batch, u.micro, u.chunk_layout))
         values = jnp.where(valid, values, 0.0)
         adv, ret = adv_lib.gae(
             token_rewards.T, values.T, last.T.astype(jnp.float32), jnp.zeros(m.shape[0]), a.gamma, a.gae_lambda
@@ -172,7 +190,7 @@ def micro_loss(u: RLUpdate, params, mb: dict, totals: dict):
     share = jnp.sum(m) / jnp.maximum(totals["tokens"], 1.0)  # weight of this micro-batch's token metrics
 
     model = nnx.merge(u.graphdef, policy_weights(u.lora, params))
-    logp, entropy = policy_logprobs(model, mb, u.temperature, u.prompt_group)
+    logp, entropy = policy_logprobs(model, mb, u.temperature, u.prompt_group, u.logits_chunk)
     old = mb["old_logp"] if u.recompute_old else jax.lax.stop_gradient(logp)
     adv = mb["advantages"]
     dual = a.dual_clip if a.dual_clip > 0 else None
@@ -215,7 +233,7 @@ def update(u: RLUpdate, ts: RLState, batch: dict, key):
     data = {**batch, **pre}
     m = data["response_mask"]
     S = m.shape[0]
-    grad_fn = jax.value_and_grad(lambda p, mb, totals: micro_loss(u, p, mb, totals), has_aux=True)
+    grad_fn = trainable_value_and_grad(lambda p, mb, totals: micro_loss(u, p, mb, totals), u.lora, has_aux=True)
 
     def mini_step(carry, mini):
         params, opt_state = carry
@@ -230,7 +248,7 @@ def update(u: RLUpdate, ts: RLState, batch: dict, key):
             (loss, metrics), g = grad_fn(params, mb, totals)
             return jax.tree.map(jnp.add, grads, g), {**metrics, "train/loss": loss}
 
-        grads, metrics = jax.lax.scan(micro_step, jax.tree.map(jnp.zeros_like, params), mini)
+        grads, metrics = jax.lax.scan(micro_step, zero_grads(u.lora, params), mini)
         metrics = {k: jnp.sum(v) for k, v in metrics.items()}  # shares of the mini-batch: summed
         params, opt_state, ok = guarded_update(u.tx, grads, params, opt_state, metrics["train/loss"])
         metrics = {k: jnp.where(ok, v, 0.0) for k, v in metrics.items()}

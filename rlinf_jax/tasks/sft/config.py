@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 from rlinf_jax.config.reads import Reads
@@ -12,13 +13,16 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax import kernels
 from rlinf_jax.policies.lm import SUPPORTED_MODEL_TYPES
 from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype
+from rlinf_jax.policies.lm.model import check_remat
+from rlinf_jax.policies.lm.qlora import QTYPES
 from rlinf_jax.tasks.embodied import config as embodied
 
 # A language model, as a reasoning run reads it too.
 LM_MODEL = {
     "actor.model.path", "actor.model.dtype", "actor.model.param_dtype", "actor.model.matmul",
-    "actor.model.lora_rank", "actor.model.lora_alpha",
+    "actor.model.lora_rank", "actor.model.lora_alpha", "actor.model.base_qtype", "actor.model.logits_chunk",
     "actor.model.lm_vocab_size", "actor.model.lm_tie_word_embeddings", *embodied.LM_SIZES,
+    "actor.model.scan_layers", "actor.model.remat",
 }
 LM_OPTIM = {
     "actor.optim.lr", "actor.optim.max_grad_norm", "actor.optim.lr_schedule", "actor.optim.warmup_steps",
@@ -89,6 +93,11 @@ def check_lm(cfg: Config) -> None:
         except BadInput as e:
             raise BadInput(f"actor.model.{key}: {e}") from None
     kernels.check_name(m.matmul)
+    try:
+        check_remat(m.remat)
+    except BadInput as e:
+        raise BadInput(f"actor.model.{e}") from None
+    check_memory_remedies(m)
     _require(
         m.lm_model_type in SUPPORTED_MODEL_TYPES,
         f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}",
@@ -118,6 +127,29 @@ def check_lm(cfg: Config) -> None:
     _require(ro.eval_batch_size >= 1, f"rollout.eval_batch_size={ro.eval_batch_size} must be >= 1")
     if cfg.sft.train_levels:
         check_levels(cfg.sft.train_levels)
+
+
+def check_memory_remedies(m) -> None:
+    """``actor.model.logits_chunk`` and ``base_qtype`` (QLoRA)."""
+    _require(m.logits_chunk >= 0, f"actor.model.logits_chunk={m.logits_chunk} must be >= 0 (0 = the whole vocabulary)")
+    _require(
+        m.logits_chunk == 0 or m.matmul == "xla",
+        f"actor.model.logits_chunk={m.logits_chunk} chunks XLA's output head; matmul={m.matmul} computes the log-probs "
+        "in its own kernel: set logits_chunk=0 or matmul=xla",
+    )
+    _require(
+        m.base_qtype in QTYPES, f"actor.model.base_qtype={m.base_qtype!r} is unknown; choose one of {', '.join(QTYPES)}"
+    )
+    if m.base_qtype != "none":
+        _require(
+            m.lora_rank > 0,
+            f"actor.model.base_qtype={m.base_qtype} quantises the frozen base of a LoRA run (QLoRA); set "
+            "actor.model.lora_rank > 0, or base_qtype=none for full fine-tuning",
+        )
+        _require(
+            importlib.util.find_spec("qwix") is not None,
+            f"actor.model.base_qtype={m.base_qtype} needs qwix: pip install -e \".[qlora]\"",
+        )
 
 
 def check(cfg: Config) -> None:

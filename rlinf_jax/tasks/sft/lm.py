@@ -36,7 +36,14 @@ from rlinf_jax.sharding import (
     state_shardings,
 )
 from rlinf_jax.sharding.mesh import fetch, put, replicated
-from rlinf_jax.tasks.sft.lm_setup import LMTrainer, lm_transform, make_lm_setup, policy_weights
+from rlinf_jax.tasks.sft.lm_setup import (
+    LMTrainer,
+    lm_transform,
+    make_lm_setup,
+    policy_weights,
+    trainable_value_and_grad,
+    zero_grads,
+)
 
 COMPONENTS = ("actor",)
 
@@ -59,6 +66,7 @@ class SFTStep:
     tx: optax.GradientTransformation
     schedule: Any
     micro_batch_size: int
+    logits_chunk: int = 0  # actor.model.logits_chunk
 
 
 def train_step(s: SFTStep, ts: LMTrainState, batch: dict):
@@ -70,15 +78,17 @@ def train_step(s: SFTStep, ts: LMTrainState, batch: dict):
 
     def loss_fn(params, mb):
         model = nnx.merge(s.graphdef, policy_weights(s.lora, params))
-        logp, _ = policy_logprobs(model, mb)
+        logp, _ = policy_logprobs(model, mb, logits_chunk=s.logits_chunk)
         m = mb["response_mask"] > 0
         return -jnp.sum(jnp.where(m, logp, 0.0)) / total
 
+    grad_fn = trainable_value_and_grad(loss_fn, s.lora)
+
     def accumulate(grads, mb):
-        loss, g = jax.value_and_grad(loss_fn)(ts.params, mb)
+        loss, g = grad_fn(ts.params, mb)
         return jax.tree.map(jnp.add, grads, g), loss
 
-    grads, losses = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, ts.params), micro)
+    grads, losses = jax.lax.scan(accumulate, zero_grads(s.lora, ts.params), micro)
     loss = jnp.sum(losses)
     params, opt_state, ok = guarded_update(s.tx, grads, ts.params, ts.opt_state, loss)
     new = ts.replace(
@@ -116,7 +126,7 @@ class SFTTrainer(LMTrainer):
         self.tx = lm_transform(tx, self.lora)
         self.batch_size = cfg.actor.global_batch_size
         self.micro = cfg.actor.micro_batch_size
-        self.step_spec = SFTStep(lm.graphdef, self.lora, self.tx, schedule, self.micro)
+        self.step_spec = SFTStep(lm.graphdef, self.lora, self.tx, schedule, self.micro, cfg.actor.model.logits_chunk)
         self._step = jax.jit(
             functools.partial(train_step, self.step_spec), donate_argnums=0, out_shardings=(self._state_shardings(), None)
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -18,6 +19,7 @@ from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.policies.lm import LMConfig
 from rlinf_jax.policies.lm.hf_checkpoint import parse_dtype
 from rlinf_jax.policies.lm.lora import LoRA
+from rlinf_jax.policies.lm.qlora import QLoRA
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rewards.split import SplitRewards
 from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_tokens
@@ -58,14 +60,10 @@ def make_lm_setup(cfg: Config, sampler_mesh, rules, num_devices: int) -> LMSetup
     loaded = load_policy(cfg)
     tokenizer = run_tokenizer(cfg.data.tokenizer, loaded.model.config.vocab_size)
     graphdef, policy = nnx.split(loaded.model)
-    params = {"policy": policy}
     meta = checkpoint_meta(loaded.model, cfg.data.tokenizer)
-    lora = None
-    m = cfg.actor.model
-    if m.lora_rank > 0:
-        # The policy trains through adapters only; the base stays frozen.
-        lora = LoRA(policy, m.lora_rank, m.lora_alpha)
-        params["lora"] = lora.init(jax.random.PRNGKey(cfg.runner.seed + 1))
+    lora = make_lora(policy, cfg.actor.model)
+    params = trainable_params(policy, lora, cfg.runner.seed)
+    if lora is not None:
         meta["lora"] = lora.meta()
     encoder = PromptEncoder(cfg.data, tokenizer)
     encoder.check_lengths(train_ds, "training")
@@ -86,6 +84,26 @@ def make_lm_setup(cfg: Config, sampler_mesh, rules, num_devices: int) -> LMSetup
         reward_fn=SplitRewards(RewardFunction(cfg.reward)),
         stop_tokens=stop_tokens(tokenizer),
     )
+
+
+def make_lora(policy, m) -> LoRA | None:
+    """The adapters ``actor.model`` asks for (``m.lora_rank`` > 0; QLoRA with an NF4 base),
+    sized from the policy's state (real or abstract), or None for full fine-tuning."""
+    if m.lora_rank <= 0:
+        return None
+    if m.base_qtype == "none":
+        return LoRA(policy, m.lora_rank, m.lora_alpha)
+    return QLoRA(policy, m.lora_rank, m.lora_alpha, m.base_qtype)
+
+
+def trainable_params(policy, lora: LoRA | None, seed: int) -> dict:
+    """What an LM run trains from: ``{"policy": state}``, or with adapters the frozen base
+    (QLoRA: stored in NF4, dequantised inside each step) and the ``"lora"`` adapters. Under
+    `jax.eval_shape` on an abstract state it sizes them (the planner's use)."""
+    if lora is None:
+        return {"policy": policy}
+    base = lora.quantize(policy) if isinstance(lora, QLoRA) else policy
+    return {"policy": base, "lora": lora.init(jax.random.PRNGKey(seed + 1))}
 
 
 SHOWN_SAMPLES = 8  # held-out answers shown in TensorBoard at each evaluation
@@ -128,6 +146,39 @@ def policy_weights(lora: LoRA | None, params: dict):
     if lora is None:
         return params["policy"]
     return lora.merge(jax.lax.stop_gradient(params["policy"]), params["lora"])
+
+
+def trainable_value_and_grad(fn, lora: LoRA | None, has_aux: bool = False):
+    """``jax.value_and_grad(fn)`` for ``fn(params, *args)``, differentiating only what the
+    optimiser trains.
+
+    With LoRA the base (``params["policy"]``) is frozen: its gradient is zero by construction
+    (`policy_weights` stops it), and a QLoRA base holds integer codes, which autodiff refuses.
+    So the base enters ``fn`` as a constant and its gradient comes back as one float32 zero
+    per leaf (`zero_grads`), which the optimiser's ``set_to_zero`` passes on and the update
+    adds as 0: a base-sized array of zeros is never made, nor summed over micro-batches.
+    """
+    if lora is None:
+        return jax.value_and_grad(fn, has_aux=has_aux)
+
+    def value_and_grad(params, *args):
+        frozen = params["policy"]
+        trained = {k: v for k, v in params.items() if k != "policy"}
+        out, grads = jax.value_and_grad(lambda t: fn({**t, "policy": frozen}, *args), has_aux=has_aux)(trained)
+        return out, {**grads, "policy": _frozen_zeros(frozen)}
+
+    return value_and_grad
+
+
+def zero_grads(lora: LoRA | None, params: dict):
+    """The start of a gradient sum over micro-batches, shaped as `trainable_value_and_grad`
+    returns gradients."""
+    zeros = jax.tree.map(jnp.zeros_like, {k: v for k, v in params.items() if lora is None or k != "policy"})
+    return zeros if lora is None else {**zeros, "policy": _frozen_zeros(params["policy"])}
+
+
+def _frozen_zeros(frozen):
+    return jax.tree.map(lambda _: jnp.zeros((), jnp.float32), frozen)
 
 
 def param_labels(params: dict) -> dict:

@@ -1,0 +1,57 @@
+"""Published architectures by name: the ``config.json`` fields of models the recipes name, so
+that a run can be planned (`python -m rlinf_jax.plan`) on a machine that holds no weights.
+
+A model directory's own ``config.json`` always wins; these are read only when the directory
+is not there, matched on its folder name (``/models/Qwen2.5-7B-Instruct`` is Qwen2.5-7B:
+instruction tuning changes weights, not shapes). The figures are those of the models'
+Hugging Face configs.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+PUBLISHED: dict[str, dict] = {
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    },
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+        "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    },
+    "qwen2.5-3b": {
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
+        "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2, "tie_word_embeddings": True,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    },
+    "qwen2.5-7b": {
+        "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "tie_word_embeddings": False,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    },
+    # The language backbones of the VLA families: OpenVLA-7B's Llama 2 (its vocabulary padded
+    # to 32064) and pi0's PaliGemma Gemma-2B.
+    "llama-2-7b": {
+        "model_type": "llama", "vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "tie_word_embeddings": False,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    },
+    "gemma-2b": {
+        "model_type": "gemma", "vocab_size": 257152, "hidden_size": 2048, "intermediate_size": 16384,
+        "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+        "tie_word_embeddings": True, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+}
+
+
+def published_config(path: str) -> dict | None:
+    """The published ``config.json`` fields of the model a path names (its folder name
+    holds a known model's name, case aside), or None."""
+    name = PurePath(str(path)).name.lower()
+    # Where several names occur in one folder name, the longest (the most specific) wins.
+    matches = [key for key in PUBLISHED if key in name]
+    return dict(PUBLISHED[max(matches, key=len)]) if matches else None
