@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import importlib
 
+from rlinf_jax.accelerators import quiet_cpu_default
+
 __version__ = "0.1.0"
+
+# Before anything starts a JAX backend: libtpu's start-up chatter on machines without TPUs.
+quiet_cpu_default()
 
 _API = (
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
-    "make_env", "read_metrics", "restore", "train",
+    "make_env", "plan", "read_metrics", "restore", "train",
 )
 _ELSEWHERE = {"BadInput": "rlinf_jax.errors", "TrainingDiverged": "rlinf_jax.flow.host_loop"}
 
@@ -24,7 +29,7 @@ __all__ = [*_API, *_ELSEWHERE, "__version__"]
 
 # Also command modules (`python -m rlinf_jax.train`, `.evaluate`, `.convert`): the module is what the package holds
 # once imported, so it is made callable as the function (rlinf_jax.api.make_callable).
-_COMMANDS = ("train", "evaluate", "convert")
+_COMMANDS = ("train", "evaluate", "convert", "plan")
 
 
 def __getattr__(name: str):

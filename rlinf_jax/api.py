@@ -34,7 +34,7 @@ from rlinf_jax.errors import BadInput
 
 __all__ = [
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
-    "make_env", "read_metrics", "restore", "train",
+    "make_env", "plan", "read_metrics", "restore", "train",
 ]
 
 LM_TASKS = ("sft", "reasoning")
@@ -366,6 +366,128 @@ def convert(src, out, dtype: str = "auto", allow_nonfinite: bool = False) -> dic
         "params": int(sum(p.size for p in params)),
         "dtype": str(params[0].dtype),
     }
+
+
+# ------------------------------------------------------------------ plan
+
+
+def plan(cfg: Config | str, target: str, overrides: Sequence[str] | dict = (), progress=None,
+         remedies: bool = False, hbm_gib: float | None = None):
+    """The run ``cfg`` (a Config, or a recipe name with ``overrides``) on paper for a TPU
+    ``target`` such as ``"v5e:4x4"``, as ``python -m rlinf_jax.plan`` prints it: every
+    program of an iteration compiled by the target's own compiler, the memory each chip
+    holds, the predicted time and whether it fits (`rlinf_jax.flow.plan.PlanReport`:
+    ``.fits``, ``.verdict()``, ``.table()``, ``.to_json()``). No weights are read and no
+    TPU is needed; libtpu is (the ``tpu`` extra). ``progress`` is called with a line
+    before each compile. With ``remedies``, a run that does not fit is planned again with
+    each of its task's memory remedies, and with all of them: ``.remedies`` says which
+    bring it under the line, and by how much (each is a full plan: minutes at real sizes).
+    ``cluster.component_placement=auto`` plans every layout (collocated, disaggregated,
+    hybrid), sets aside those that do not fit and keeps the fastest predicted. ``hbm_gib``
+    plans against that much memory per chip instead of the chip's own."""
+    import copy
+
+    from rlinf_jax.flow.plan import plan_programs
+    from rlinf_jax.sharding.targets import GIB, abstract_devices, parse_target
+    from rlinf_jax.tasks.registry import task_of
+
+    if not isinstance(target, str):
+        raise BadInput(f"target must be a TPU topology such as 'v5e:4x4', not {type(target).__name__} {target!r}")
+    chosen = parse_target(target)
+    if hbm_gib is not None:
+        chosen = chosen.with_memory(hbm_gib)
+    if isinstance(cfg, str):
+        cfg = load_config(cfg, overrides)
+    elif not isinstance(cfg, Config):
+        raise BadInput(f"cfg must be a Config (rj.load_config) or a recipe name, not {type(cfg).__name__} {cfg!r}")
+    elif overrides:
+        raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
+    devices = abstract_devices(chosen)
+    task = task_of(cfg)
+
+    def run(c: Config):
+        programs, residents, notes = task.plan(c, devices)
+        return plan_programs(chosen, programs, residents, notes, progress)
+
+    if cfg.cluster.component_placement == "auto":
+        cfg, report = _auto_layout(cfg, run, progress)
+    else:
+        report = run(cfg)
+    if remedies and not report.fits:
+        candidates = task.remedies(cfg)
+        together = {k: v for _, keys in candidates for k, v in keys.items()}
+        if len(candidates) > 1:
+            candidates = [*candidates, ("all of the above together", together)]
+        for what, keys in candidates:
+            if progress is not None:
+                progress(f"planning again with {what}")
+            changed = copy.deepcopy(cfg)
+            for key, value in keys.items():
+                _set_key(changed, key, value)
+            task.check(changed)
+            tried = run(changed)
+            report.remedies.append({
+                "remedy": what,
+                "keys": keys,
+                "fits": tried.fits,
+                "peak_per_chip_gib": round(max(r.peak_bytes for r in tried.reports) / GIB, 4),
+                "saves_gib": round((max(r.peak_bytes for r in report.reports) - max(r.peak_bytes for r in tried.reports))
+                                   / GIB, 4),
+                "predicted_iteration_s": tried.predicted_iteration_s,
+                "effect": tried.verdict(),
+            })
+    return report
+
+
+def _auto_layout(cfg: Config, run, progress):
+    """``cluster.component_placement=auto`` on paper: every preset planned, those that do not
+    fit set aside, the fastest predicted of the rest kept (the smallest peak when none fits).
+    Returns the chosen config and its report, which says what was compared."""
+    import copy
+
+    from rlinf_jax.sharding.targets import GIB
+
+    tried = []
+    for mode in ("collocated", "disaggregated", "hybrid"):
+        if progress is not None:
+            progress(f"auto placement: planning {mode}")
+        c = copy.deepcopy(cfg)
+        c.cluster.component_placement = mode
+        try:
+            tried.append((mode, c, run(c)))
+        except BadInput as e:  # a layout these chips cannot hold (too few for the split)
+            tried.append((mode, c, str(e)))
+    plans = [(m, c, r) for m, c, r in tried if not isinstance(r, str)]
+    if not plans:
+        raise BadInput(f"cluster.component_placement=auto: no layout can be planned here ({tried[0][2]})")
+    fitting = [t for t in plans if t[2].fits]
+    mode, chosen, report = (min(fitting, key=lambda t: t[2].predicted_iteration_s) if fitting
+                            else min(plans, key=lambda t: max(r.peak_bytes for r in t[2].reports)))
+
+    def said(r) -> str:
+        if isinstance(r, str):
+            return f"cannot be laid out ({r})"
+        peak = max(x.peak_bytes for x in r.reports) / GIB
+        when = "" if r.predicted_iteration_s is None else f", {r.predicted_iteration_s:.3f} s predicted"
+        return f"{'fits' if r.fits else 'does not fit'} (peak {peak:.2f} GiB per chip{when})"
+
+    report.notes.insert(0, "auto placement: " + "; ".join(f"{m} {said(r)}" for m, _, r in tried) + f"; chose {mode}")
+    report.auto = {m: ({"error": r} if isinstance(r, str) else {
+        "fits": r.fits, "peak_per_chip_gib": round(max(x.peak_bytes for x in r.reports) / GIB, 4),
+        "predicted_iteration_s": r.predicted_iteration_s}) for m, _, r in tried}
+    report.auto["chosen"] = mode
+    return chosen, report
+
+
+def _set_key(cfg: Config, key: str, value) -> None:
+    """``cfg.<dotted key> = value`` (a remedy's setting)."""
+    *parents, name = key.split(".")
+    node = cfg
+    for part in parents:
+        node = getattr(node, part)
+    if not hasattr(node, name):
+        raise BadInput(f"{key} is not a config key")
+    setattr(node, name, value)
 
 
 # ------------------------------------------------------------------ restore

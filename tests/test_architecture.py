@@ -4,9 +4,9 @@ an import cycle, and imports sit at the top of their module.
 
 The floors, top to bottom (docs/architecture.md):
 
-    launch -> train / evaluate / convert / collect / profile -> api -> tasks -> flow -> rollout
+    launch -> train / evaluate / convert / collect / profile / plan -> api -> tasks -> flow -> rollout
       -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay, kernels
-      -> errors, crash
+      -> errors, crash, accelerators
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rlinf_jax"
 FLOORS = {
     "errors": 0,
     "crash": 0,
+    "accelerators": 0,
     "algos": 1,
     "replay": 1,
     "kernels": 1,
@@ -41,13 +42,14 @@ FLOORS = {
     "convert": 9,
     "collect": 9,
     "profile": 9,
+    "plan": 9,
     "launch": 10,
 }
 # Sub-packages of tasks are workloads: one may build on another (sft on embodied for the
 # VLA, reasoning on sft for its warm start), never in a circle.
 SIBLINGS_ALLOWED = {"tasks"}
 # Command-line entry points may defer their imports so that `--help` answers before JAX loads.
-DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "profile", "launch"}
+DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "profile", "launch", "plan"}
 # The task registry imports a task's run on its first call: checking a config, or running
 # a language model, must not pay for the simulators' imports (MuJoCo's MJX, Brax: seconds).
 DEFERRING_MODULES = {"rlinf_jax.tasks.registry"}
@@ -56,7 +58,7 @@ DEFERRING_MODULES = {"rlinf_jax.tasks.registry"}
 OPTIONAL = {
     "brax", "mujoco_playground", "torch", "transformers", "ray", "reasoning_gym", "math_verify",
     "pyarrow", "tensorboardX", "safetensors", "rich", "gymnasium", "bm25s", "skyrl_gym", "robosuite",
-    "libero", "yaml",
+    "libero", "yaml", "qwix",
     # A worker script's sibling, imported on its simulator's path only.
     "libero_task",
 }

@@ -606,8 +606,9 @@ def _validate_cluster(c) -> None:
         )
     for name, shape in c.mesh.items():
         _require(
-            isinstance(shape, dict) and all(isinstance(v, int) for v in shape.values()),
-            f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes, e.g. cluster.mesh.{name}={{data: 2, fsdp: 2}}",
+            isinstance(shape, dict) and all(isinstance(v, int) or v == "all" for v in shape.values()),
+            f"cluster.mesh.{name}={_show(shape)} must map mesh axes to sizes (one may be 'all'), e.g. "
+            f"cluster.mesh.{name}={{data: 2, fsdp: 2}}",
         )
     _require(c.max_restarts >= 0, f"cluster.max_restarts={c.max_restarts} must be >= 0 (0 = never restart)")
     _require(

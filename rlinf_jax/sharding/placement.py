@@ -183,7 +183,7 @@ def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshe
         raise BadInput(f"cluster.mesh: unknown component {unknown[0]!r}; this recipe has {', '.join(components)}")
     placed = {}
     for name in components:
-        shape = {str(k): int(v) for k, v in dict(meshes.get(name) or {"data": len(sets[name])}).items()}
+        shape = _mesh_shape(name, dict(meshes.get(name) or {"data": len(sets[name])}), len(sets[name]))
         bad_axes = [a for a in shape if a not in MESH_AXES]
         if bad_axes:
             raise BadInput(f"cluster.mesh.{name}: unknown axis {bad_axes[0]!r}; axes are {', '.join(MESH_AXES)}")
@@ -200,6 +200,29 @@ def resolve_placement(spec, components: tuple[str, ...], num_devices: int, meshe
             f"{', '.join(components)} can only be placed {mode}; use more devices or a mapping"
         )
     return Placement(mode, placed, requested, derived)
+
+
+def _mesh_shape(name: str, given: dict, num_devices: int) -> dict[str, int]:
+    """A component's mesh axes as sizes; one axis may be ``all``: whatever the others leave of
+    the component's devices (``{fsdp: all}`` spans a slice of any size)."""
+    open_axes = [k for k, v in given.items() if str(v).strip() == "all"]
+    if len(open_axes) > 1:
+        raise BadInput(f"cluster.mesh.{name}: only one axis may be 'all' ({', '.join(map(str, open_axes))} are)")
+    shape: dict[str, int] = {}
+    for k, v in given.items():
+        if str(v).strip() == "all":
+            shape[str(k)] = 0
+            continue
+        try:
+            shape[str(k)] = int(v)
+        except (TypeError, ValueError):
+            raise BadInput(f"cluster.mesh.{name}.{k}={v!r} must be a positive integer or 'all'") from None
+    if open_axes:
+        rest = math.prod(v for v in shape.values() if v) or 1
+        if num_devices % rest:
+            raise BadInput(f"cluster.mesh.{name}: the other axes ({rest} devices) do not divide its {num_devices} devices")
+        shape[str(open_axes[0])] = num_devices // rest
+    return shape
 
 
 def component_mesh(placement: Placement, name: str, devices=None):

@@ -53,6 +53,24 @@ def _reasoning_run(cfg: Config, console=None):
     return run(cfg, console)
 
 
+def _reasoning_plan(cfg: Config, devices):
+    from rlinf_jax.tasks.reasoning.plan import programs
+
+    return programs(cfg, devices)
+
+
+def _reasoning_remedies(cfg: Config):
+    from rlinf_jax.tasks.reasoning.plan import remedies
+
+    return remedies(cfg)
+
+
+def _no_plan(cfg: Config, devices):
+    raise BadInput(
+        f"planning a runner.task={cfg.runner.task} run is not supported yet; the planner knows reasoning runs"
+    )
+
+
 def _embodied_components(cfg: Config) -> tuple[str, ...]:
     from rlinf_jax.tasks.embodied.staged import COMPONENTS
 
@@ -80,6 +98,11 @@ class Task:
     # Fills what the run takes from the files its config names unless the command line set
     # it (the keys in the set): a language model directory's tokenizer.
     resolve: Callable[[Config, set[str]], None] = lambda cfg, overridden: None
+    # The iteration's programs on abstract devices, for `python -m rlinf_jax.plan`:
+    # ``(cfg, devices) -> (programs, residents, notes)`` (see `rlinf_jax.flow.plan`).
+    plan: Callable[[Config, list], tuple] = _no_plan
+    # What the planner tries when a run does not fit: ``[(what, {key: value}), ...]``.
+    remedies: Callable[[Config], list] = lambda cfg: []
 
     def describe(self, cfg: Config) -> str:
         kind = cfg.actor.model.kind
@@ -103,7 +126,7 @@ TASKS: dict[str, Task] = {
     "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm),
     "reasoning": Task(
         "reasoning", _reasoning_run, reasoning_config.components, reasoning_config.reads, reasoning_config.check,
-        resolve=sft_config.resolve_lm,
+        resolve=sft_config.resolve_lm, plan=_reasoning_plan, remedies=_reasoning_remedies,
     ),
 }
 

@@ -1,0 +1,143 @@
+"""The planner (`python -m rlinf_jax.plan`, `rj.plan`): a run's programs compiled by XLA's real
+TPU compiler for abstract TPU chips on this CPU-only machine (libtpu, the tpu extra), what
+each chip holds against the analytic count, the verdict, and the remedies that change it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import rlinf_jax as rj
+from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.plan import bytes_per_chip
+from rlinf_jax.sharding.targets import CHIPS, parse_target
+from tests.conftest import ROOT
+
+pytest.importorskip("libtpu", reason="the planner compiles for TPUs through libtpu: pip install -e '.[tpu]'")
+
+# A reasoning run small enough to compile in seconds, with a model whose parameters
+# dominate what the rollout's prefill takes (so its argument bytes are the parameters').
+TINY_PLAN = [
+    "actor.model.scan_layers=true", "actor.model.lm_num_layers=2", "actor.model.lm_hidden_size=512",
+    "actor.model.lm_intermediate_size=1024", "actor.model.lm_num_heads=4", "actor.model.lm_num_kv_heads=2",
+    "actor.model.lm_vocab_size=4096", "data.rollout_batch_size=4", "algorithm.group_size=2",
+    "data.max_prompt_length=16", "rollout.max_new_tokens=8", "actor.global_batch_size=8", "actor.micro_batch_size=4",
+    "cluster.mesh={actor: {fsdp: all}, rollout: {fsdp: all}}",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_v5e():
+    return rj.plan("grpo_math", "v5e:2x2", TINY_PLAN)
+
+
+def test_a_tiny_reasoning_run_compiles_for_two_tpu_generations(tiny_v5e):
+    other = rj.plan("grpo_math", "v6e:2x4", TINY_PLAN)
+    for report, chips, chip in ((tiny_v5e, 4, "v5e"), (other, 8, "v6e")):
+        out = report.to_json()
+        assert out["chips"] == chips and out["chip"] == chip and out["fits"] is True
+        assert out["hbm_per_chip_gib"] == CHIPS[chip].hbm_gib
+        programs = {(c, p) for c, v in out["components"].items() for p in v["programs"]}
+        assert programs == {("rollout", "prefill"), ("rollout", "decode"), ("actor", "update")}
+        for c in out["components"].values():
+            for p in c["programs"].values():
+                assert p["flops"] > 0 and p["bytes_accessed"] > 0 and p["predicted_s"] > 0 and p["peak_gib"] > 0
+        assert out["predicted_iteration_s"] > 0 and 0 < out["predicted_mfu"] < 1
+    # Twice the chips, the same global work: the update's share of the FLOPs per chip halves.
+    one = tiny_v5e.to_json()["components"]["actor"]["programs"]["update"]["flops"]
+    two = other.to_json()["components"]["actor"]["programs"]["update"]["flops"]
+    assert two == pytest.approx(one / 2, rel=0.1)
+
+
+def test_the_parameter_bytes_per_chip_are_the_analytic_count(tiny_v5e):
+    cfg = rj.load_config("grpo_math", TINY_PLAN)
+    m = cfg.actor.model
+    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
+    kv = h // m.lm_num_heads * m.lm_num_kv_heads
+    per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
+    params = v * h + layers * per_layer + h  # tied embedding, blocks, final norm
+    analytic = params * 4 / 4  # float32, FSDP over 4 chips
+    prefill = tiny_v5e.reports[0]
+    assert (prefill.component, prefill.name) == ("rollout", "prefill")
+    # The prefill takes the parameters and a handful of prompt tokens.
+    assert prefill.argument_bytes == pytest.approx(analytic, rel=0.05)
+
+
+def test_bytes_per_chip_follow_the_shardings():
+    devices = jax.devices()[:1]
+    mesh = jax.sharding.Mesh(np.array(devices), ("fsdp",))
+    leaf = jax.ShapeDtypeStruct((64, 32), np.float32,
+                                sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp")))
+    assert bytes_per_chip({"a": leaf, "b": jax.ShapeDtypeStruct((10,), np.int8)}) == 64 * 32 * 4 + 10
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_fit_is_refused_in_one_line_and_its_remedy_found(tmp_path):
+    # A real vocabulary at a large batch: the float32 logits alone outgrow a v5e chip.
+    big = [*TINY_PLAN, "actor.model.lm_vocab_size=151936", "data.rollout_batch_size=32", "algorithm.group_size=8",
+           "rollout.max_new_tokens=1024", "data.max_prompt_length=512", "actor.global_batch_size=256",
+           "actor.micro_batch_size=64"]
+    proc = subprocess.run([sys.executable, "-m", "rlinf_jax.plan", "--config-name", "grpo_math", "--target", "v5e:2x2",
+                           "--quiet", *big], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr == ""  # libtpu's start-up lines held back, no progress with --quiet
+    lines = proc.stdout.strip().splitlines()
+    verdict, report = lines[-2], json.loads(lines[-1])
+    assert verdict.startswith("does not fit: ") and "actor/update" in verdict, verdict
+    assert report["fits"] is False and report["largest_program"] == "actor/update"
+    # Chunked log-probs over the vocabulary bring it under the line.
+    chunked = rj.plan("grpo_math", "v5e:2x2", [*big, "actor.model.logits_chunk=8192"])
+    assert chunked.fits, chunked.verdict()
+    assert max(r.peak_bytes for r in chunked.reports) < report["peak_per_chip_gib"] * 2**30 / 4
+
+
+def test_bad_targets_are_one_line_before_any_compile():
+    for text, words in (("v5e", "is not a TPU topology"), ("v9:2x2", "is not a TPU topology"),
+                        ("v5p:2x2", "three numbers"), ("v5e:2x2x2", "two numbers")):
+        with pytest.raises(BadInput, match=words):
+            parse_target(text)
+    proc = subprocess.run([sys.executable, "-m", "rlinf_jax.plan", "--config-name", "grpo_math", "--target", "h100"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --target 'h100' is not a TPU topology")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_workload_without_a_plan_says_so():
+    with pytest.raises(BadInput, match="planning a runner.task=embodied run is not supported yet"):
+        rj.plan("ppo_brax", "v5e:2x2")
+
+
+def test_a_real_size_recipe_knows_its_published_architecture_without_weights():
+    from rlinf_jax.tasks.sft.lm_model import lm_architecture
+
+    config = lm_architecture(rj.load_config("grpo_qwen2.5_7b"))
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads, config.vocab_size) == (
+        3584, 28, 28, 4, 152064)
+    with pytest.raises(BadInput, match="is not here and its name is not a published model"):
+        lm_architecture(rj.load_config("grpo_qwen2.5_7b", ["actor.model.path=/no/such/model"]))
+
+
+def test_libtpu_stays_quiet_and_off_on_a_machine_without_tpus():
+    """With libtpu installed and no TPU chips, importing the package keeps JAX on the CPU:
+    no libtpu lines on stderr, a CPU device."""
+    code = "import rlinf_jax, jax; print(jax.devices()[0].platform)"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_PLATFORMS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and proc.stderr == "", proc.stderr
+
+
+def test_auto_placement_picks_a_layout_that_fits_when_collocated_does_not():
+    # Data-parallel meshes keep a whole copy of each component's state on every chip it
+    # has: collocated, a chip holds the rollout's and the actor's (104 MiB at the peak);
+    # split apart, neither holds the other's (87 MiB). Planned against 0.095 GiB a chip.
+    data_parallel = [o for o in TINY_PLAN if not o.startswith("cluster.mesh")]
+    report = rj.plan("grpo_math", "v5e:2x2", [*data_parallel, "cluster.component_placement=auto"], hbm_gib=0.095)
+    auto = report.to_json()["auto_placement"]
+    assert auto["collocated"]["fits"] is False and auto["disaggregated"]["fits"] is True
+    assert auto["chosen"] == "disaggregated" and report.fits
+    assert report.notes[0].startswith("auto placement: collocated does not fit") and "chose disaggregated" in report.notes[0]
