@@ -316,6 +316,11 @@ class ClusterConfig:
     # ... and how long a process may make no progress (no output line, no finished chunk of
     # iterations) before it counts as hung and the job restarts; 0 = never.
     hang_timeout_s: float = 1800.0
+    # Before the first step, on a backend that reports each device's memory (GPUs, TPUs):
+    # compile the iteration's programs for the run's devices and refuse, in one line, a
+    # layout whose peak exceeds it (instead of failing out of memory minutes in). Reasoning
+    # runs; it costs one more compile of each program at start-up.
+    memory_check: bool = True
 
 
 @dataclass

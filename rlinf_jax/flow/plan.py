@@ -38,7 +38,8 @@ from jax._src import xla_bridge  # the host's backend, for costing lowered progr
 from jax._src.lib import _jax  # hlo_module_cost_analysis: no public API costs a lowered program
 from jax.experimental.compilation_cache import compilation_cache
 
-from rlinf_jax.sharding.targets import GIB, Chip
+from rlinf_jax.errors import BadInput
+from rlinf_jax.sharding.targets import GIB, Chip, Target
 
 # Left free on every chip for what no program accounts for: the runtime's own buffers,
 # fragmentation, the host transfers of a batch.
@@ -211,8 +212,9 @@ def roofline_s(flops: float, bytes_accessed: float, chip: Chip) -> float:
     return max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bytes_per_s)
 
 
-def compile_program(p: Program, chip: Chip, residents: Sequence[Resident]) -> ProgramReport:
-    """``p`` compiled for ``chip``'s devices; its figures, or the compiler's refusal."""
+def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs: bool = True) -> ProgramReport:
+    """``p`` compiled for ``chip``'s devices; its figures, or the compiler's refusal. Without
+    ``costs``, memory alone (no FLOPs, no time: the check before a run's first step)."""
     devices = devices_of((p.args, p.kwargs))
     others = [r for r in residents
               if r.name not in p.holds and p.component not in r.absent_during and devices & devices_of(r.tree)]
@@ -230,11 +232,11 @@ def compile_program(p: Program, chip: Chip, residents: Sequence[Resident]) -> Pr
                              p.calls, p.model_flops, time.perf_counter() - t0, refused=message)
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    flops, accessed = program_costs(p, compiled)
+    flops, accessed = program_costs(p, compiled) if costs else (0.0, 0.0)
     return ProgramReport(
         p.component, p.name, float(mem.argument_size_in_bytes), float(mem.output_size_in_bytes),
         float(mem.alias_size_in_bytes), float(mem.temp_size_in_bytes), others_bytes, flops, accessed,
-        roofline_s(flops, accessed, chip), p.calls, p.model_flops, compile_s,
+        roofline_s(flops, accessed, chip) if costs else float("nan"), p.calls, p.model_flops, compile_s,
     )
 
 
@@ -360,12 +362,66 @@ def _no_persistent_cache():
         compilation_cache.reset_cache()
 
 
-def plan_programs(target, programs: Sequence[Program], residents: Sequence[Resident], notes=(), progress=None) -> PlanReport:
-    """Compiles every program for ``target`` (a `sharding.targets.Target`) and reports."""
+def plan_programs(target, programs: Sequence[Program], residents: Sequence[Resident], notes=(), progress=None,
+                  costs: bool = True) -> PlanReport:
+    """Compiles every program for ``target`` (a `sharding.targets.Target`, or a `Devices`)
+    and reports."""
     reports = []
-    with _no_persistent_cache():
+    # Programs for real devices may use the persistent cache: the run compiles them next.
+    cache = _no_persistent_cache() if isinstance(target, Target) else contextlib.nullcontext()
+    with cache:
         for i, p in enumerate(programs):
             if progress is not None:
                 progress(f"compiling {p.component}/{p.name} for {target.text} ({i + 1}/{len(programs)})")
-            reports.append(compile_program(p, target.chip, residents))
+            reports.append(compile_program(p, target.chip, residents, costs))
     return PlanReport(target.text, target.chip, target.chips, target.hosts, reports, list(notes))
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The devices a run is about to use, as a target to check: their memory as the backend
+    reports it (no published peaks: a check of memory, not a prediction of time)."""
+
+    chip: Chip
+    chips: int
+    hosts: int
+    text: str
+
+
+def device_memory_bytes(devices) -> float | None:
+    """The smallest memory limit the backend reports for ``devices`` (GPUs, TPUs), or None
+    where it reports none (XLA's CPU backend)."""
+    limits = []
+    for d in devices:
+        try:
+            stats = d.memory_stats()
+        except Exception:  # a backend without memory statistics
+            return None
+        if not stats or not stats.get("bytes_limit"):
+            return None
+        limits.append(float(stats["bytes_limit"]))
+    return min(limits) if limits else None
+
+
+def refuse_unless_fits(programs_on: Callable, devices, progress=None) -> PlanReport | None:
+    """Before a run's first step: its programs (``programs_on(devices)``, a task's planner)
+    compiled for the devices it is about to use and their memory checked against what the
+    backend reports each device holds; one `BadInput` line naming the largest program when
+    they cannot fit, where the run would otherwise fail out of memory minutes in. Returns
+    the report, or None on a backend that reports no memory limit (the CPU), where nothing
+    is compiled."""
+    limit = device_memory_bytes(devices)
+    if limit is None:
+        return None
+    d = devices[0]
+    chip = Chip(d.device_kind, limit / GIB, float("inf"), float("inf"), d.platform)
+    hosts = len({getattr(x, "process_index", 0) for x in devices})
+    target = Devices(chip, len(devices), hosts, f"{len(devices)} {d.device_kind} device(s)")
+    programs, residents, notes = programs_on(devices)
+    report = plan_programs(target, programs, residents, notes, progress, costs=False)
+    if not report.fits:
+        raise BadInput(
+            f"{report.verdict()}; the run would stop out of memory. Plan a layout that fits with "
+            "python -m rlinf_jax.plan --remedies (or cluster.memory_check=false to try anyway)"
+        )
+    return report

@@ -54,12 +54,13 @@ def param_count(state) -> int:
     return int(sum(x.size for x in jax.tree.leaves(state)))
 
 
-def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[str]]:
+def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], list[Resident], list[str]]:
     """The programs of one iteration of the run ``cfg`` describes, laid out on ``devices``,
     the state that stays resident between them, and notes on what was assumed. A scanned
-    model's programs carry their unrolled twins, where the planner counts FLOPs."""
+    model's programs carry their unrolled twins, where the planner counts FLOPs (not
+    needed for memory alone: ``twins=False``)."""
     out, residents, notes = _programs(cfg, devices)
-    if cfg.actor.model.scan_layers:
+    if cfg.actor.model.scan_layers and twins:
         unrolled = copy.deepcopy(cfg)
         unrolled.actor.model.scan_layers = False
         twins = {(p.component, p.name): p for p in _programs(unrolled, devices)[0]}
