@@ -24,7 +24,8 @@ from rlinf_jax.api import make_callable
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m rlinf_jax.plan", description=__doc__.splitlines()[0].split(": ", 1)[1],
+        prog="python -m rlinf_jax.plan", description="A run on paper, before it is launched: every program of an iteration compiled for a TPU "
+        "topology (no TPU, no weights), the memory each chip holds, a roofline bound of the time, and whether it fits.",
         epilog="Targets: a TPU generation and its chip grid: v5e:2x2, v5e:4x4 (16 chips, 4 hosts), v5e:8x8, "
         "v5p:2x2x2, v6e:2x4, v4:2x2x2. Example: python -m rlinf_jax.plan --config-name grpo_qwen2.5_7b "
         "--target v5e:4x4",

@@ -107,9 +107,83 @@ def test_bad_targets_are_one_line_before_any_compile():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+# A language model's sft run small enough to compile in seconds: two micro-batches a step
+# (the accumulation loop's other trip is costed), the parameters split four ways (FSDP) in
+# slices of whole 128-lane tiles (so no padding blurs the count), data-parallel beyond.
+TINY_SFT = [
+    "actor.model.scan_layers=true", "actor.model.lm_num_layers=2", "actor.model.lm_hidden_size=512",
+    "actor.model.lm_intermediate_size=1024", "actor.model.lm_vocab_size=4096", "data.max_prompt_length=16",
+    "rollout.max_new_tokens=8", "actor.global_batch_size=16", "actor.micro_batch_size=8",
+    "cluster.mesh={actor: {data: all, fsdp: 4}}",
+]
+
+
+def test_a_tiny_sft_run_compiles_for_two_tpu_generations():
+    cfg = rj.load_config("sft_math", TINY_SFT)
+    m = cfg.actor.model
+    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
+    kv = h // m.lm_num_heads * m.lm_num_kv_heads
+    per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
+    params = v * h + layers * per_layer + h  # tied embedding, blocks, final norm
+    for target, chips, chip in (("v5e:2x2", 4, "v5e"), ("v6e:2x4", 8, "v6e")):
+        report = rj.plan(cfg, target)
+        out = report.to_json()
+        assert out["chips"] == chips and out["chip"] == chip and out["fits"] is True
+        step = out["components"]["actor"]["programs"]["train_step"]
+        assert list(out["components"]) == ["actor"] and list(out["components"]["actor"]["programs"]) == ["train_step"]
+        assert step["flops"] > 0 and step["bytes_accessed"] > 0 and step["predicted_s"] > 0 and step["peak_gib"] > 0
+        assert out["predicted_iteration_s"] > 0 and 0 < out["predicted_mfu"] < 1
+        # The step takes the float32 parameters and AdamW's two moments, split four ways
+        # (FSDP), and a batch of a few hundred tokens.
+        assert report.reports[0].argument_bytes == pytest.approx(3 * params * 4 / 4, rel=0.05)
+
+
+def test_sft_of_a_vla_is_not_planned_in_one_line():
+    with pytest.raises(BadInput, match="planning an sft run of actor.model.kind=vla .* is not supported yet"):
+        rj.plan("sft_vla_tabletop", "v5e:2x2")
+
+
+# PPO on Brax's inverted pendulum (4 observations, 1 action) at a few envs and steps.
+TINY_PPO = [
+    "env.num_envs=16", "env.num_eval_envs=16", "env.episode_length=100", "algorithm.rollout_length=8",
+    "algorithm.num_minibatches=4", "algorithm.update_epochs=2", "actor.model.policy_hidden_sizes=[32,32]",
+    "actor.model.value_hidden_sizes=[256,256]",
+]
+
+
+def test_a_tiny_ppo_run_compiles_for_two_tpu_generations():
+    # The Gaussian policy (mean and scale per action) and the critic, weights and biases.
+    sizes = ([4, 32, 32, 2], [4, 256, 256, 1])
+    params = sum(a * b + b for layers in sizes for a, b in zip(layers, layers[1:]))
+    for target, chips in (("v5e:2x2", 4), ("v6e:2x4", 8)):
+        report = rj.plan("ppo_brax", target, TINY_PPO)
+        out = report.to_json()
+        assert out["chips"] == chips and out["fits"] is True
+        programs = out["components"]["collocated"]["programs"]
+        assert set(programs) == {"iteration", "evaluate"}
+        for p in programs.values():
+            assert p["flops"] > 0 and p["bytes_accessed"] > 0 and p["predicted_s"] > 0 and p["peak_gib"] > 0
+        # Evaluated every runner.eval_interval=10 iterations.
+        assert programs["iteration"]["calls_per_iteration"] == 1 and programs["evaluate"]["calls_per_iteration"] == 0.1
+        assert out["predicted_iteration_s"] > 0 and 0 < out["predicted_mfu"] < 1
+        # The evaluation takes every float32 parameter, replicated on the data mesh (and the
+        # observation statistics, a key; the chip's tiles pad the smallest arrays).
+        evaluate = next(r for r in report.reports if r.name == "evaluate")
+        assert evaluate.argument_bytes == pytest.approx(params * 4, rel=0.1)
+        # The optimiser and the env batch stay on the chips meanwhile.
+        assert evaluate.others_bytes > 2 * params * 4
+
+
+def test_an_embodied_run_in_stages_or_on_a_host_simulator_is_refused_in_one_line():
+    with pytest.raises(BadInput, match="runs as stages, which the planner does not know yet"):
+        rj.plan("ppo_brax", "v5e:2x2", [*TINY_PPO, "cluster.component_placement=disaggregated"])
+    with pytest.raises(BadInput, match="host simulator .* is not supported"):
+        rj.plan("ppo_gym_mujoco", "v5e:2x2")
+
+
 def test_a_workload_without_a_plan_says_so():
-    with pytest.raises(BadInput, match="planning a runner.task=embodied run is not supported yet"):
-        rj.plan("ppo_brax", "v5e:2x2")
+    with pytest.raises(BadInput, match="planning a runner.task=offpolicy run is not supported yet"):
+        rj.plan("sac_brax", "v5e:2x2")
 
 
 def test_a_real_size_recipe_knows_its_published_architecture_without_weights():

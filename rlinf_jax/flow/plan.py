@@ -125,6 +125,16 @@ class ProgramReport:
         return out
 
 
+def laid_out(tree, shardings):
+    """``tree``'s leaves as `jax.ShapeDtypeStruct`s laid out by ``shardings``: the abstract
+    arguments a program is compiled for."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def param_count(tree) -> int:
+    return int(sum(x.size for x in jax.tree.leaves(tree)))
+
+
 def bytes_per_chip(tree) -> float:
     """The most bytes any one device holds of ``tree`` (abstract or real arrays, laid out by
     their shardings; a leaf without one counts whole)."""

@@ -71,15 +71,21 @@ def shard_batch(tree, mesh: Mesh, batch_size: int | None = None):
     With ``batch_size``, only leaves of that leading size are split and the rest (e.g. a
     key shared by the whole batch) replicated; without it every non-scalar leaf is split.
     """
+    return put(tree, batch_shardings(tree, mesh, batch_size))
+
+
+def batch_shardings(tree, mesh: Mesh, batch_size: int | None = None):
+    """The sharding `shard_batch` gives each leaf of ``tree`` (arrays, or abstract ones: how
+    the planner lays out a state it never allocates)."""
     bs, rep = batch_sharding(mesh), replicated(mesh)
 
-    def place(x):
+    def one(x):
         # Empty leaves (MJX states are full of [B, 0] arrays) stay replicated: jit returns
         # them replicated whatever went in, and the next call must see the same layout.
         split = np.ndim(x) > 0 and np.size(x) > 0 and (batch_size is None or np.shape(x)[0] == batch_size)
-        return put(x, bs if split else rep)
+        return bs if split else rep
 
-    return jax.tree.map(place, tree)
+    return jax.tree.map(one, tree)
 
 
 def replicate(tree, mesh: Mesh):

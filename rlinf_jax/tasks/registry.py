@@ -65,9 +65,29 @@ def _reasoning_remedies(cfg: Config):
     return remedies(cfg)
 
 
+def _sft_plan(cfg: Config, devices):
+    from rlinf_jax.tasks.sft.plan import programs
+
+    return programs(cfg, devices)
+
+
+def _sft_remedies(cfg: Config):
+    from rlinf_jax.tasks.sft.plan import remedies
+
+    return remedies(cfg)
+
+
+def _embodied_plan(cfg: Config, devices):
+    # Builds the run's envs (Brax, Playground, the tabletop: their imports) on this path only.
+    from rlinf_jax.tasks.embodied.plan import programs
+
+    return programs(cfg, devices)
+
+
 def _no_plan(cfg: Config, devices):
     raise BadInput(
-        f"planning a runner.task={cfg.runner.task} run is not supported yet; the planner knows reasoning runs"
+        f"planning a runner.task={cfg.runner.task} run is not supported yet; the planner knows reasoning, sft "
+        "and embodied runs"
     )
 
 
@@ -117,13 +137,14 @@ def _sft_components(cfg: Config) -> tuple[str, ...]:
 TASKS: dict[str, Task] = {
     "embodied": Task(
         "embodied", _embodied_run, _embodied_components, embodied_config.reads, embodied_config.check,
-        "an",
+        "an", plan=_embodied_plan,
     ),
     "offpolicy": Task(
         "offpolicy", _offpolicy_run, _offpolicy_components, offpolicy_config.reads,
         offpolicy_config.check, "an",
     ),
-    "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm),
+    "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm,
+                plan=_sft_plan, remedies=_sft_remedies),
     "reasoning": Task(
         "reasoning", _reasoning_run, reasoning_config.components, reasoning_config.reads, reasoning_config.check,
         resolve=sft_config.resolve_lm, plan=_reasoning_plan, remedies=_reasoning_remedies,

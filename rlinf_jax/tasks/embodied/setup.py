@@ -38,8 +38,10 @@ class Setup:
     warm_start_metrics: dict | None = None
 
 
-def make_setup(cfg: Config) -> Setup:
-    """The envs and a fresh model of ``actor.model`` seeded with ``runner.seed``."""
+def make_setup(cfg: Config, abstract: bool = False) -> Setup:
+    """The envs and a fresh model of ``actor.model`` seeded with ``runner.seed``; with
+    ``abstract``, the model's parameters as shapes alone (`nnx.eval_shape`: the planner's,
+    which allocates no weight)."""
     if is_host_suite(cfg.env):
         # Host simulators: sizes now, worker processes when the trainer starts.
         spec = host_spec(cfg.env)
@@ -54,7 +56,8 @@ def make_setup(cfg: Config) -> Setup:
             f"algorithm.normalize_observations=true but actor.model.kind={cfg.actor.model.kind} takes "
             "structured observations; set algorithm.normalize_observations=false"
         )
-    graphdef, params = nnx.split(policy.build(nnx.Rngs(cfg.runner.seed)))
+    build = lambda: policy.build(nnx.Rngs(cfg.runner.seed))  # noqa: E731
+    graphdef, params = nnx.split(nnx.eval_shape(build) if abstract else build())
     return Setup(env, eval_env, policy, graphdef, params)
 
 

@@ -23,8 +23,8 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.rollout import episode_frames, evaluate_policy
 from rlinf_jax.runtime.media import image_strip
-from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, replicate, rules_from_config, shard_batch
-from rlinf_jax.sharding.mesh import put
+from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, rules_from_config
+from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, fresh_state
@@ -89,10 +89,15 @@ class PPOTrainer(Trainer):
         """Splits the env batch over the batch axes, lays parameters and optimiser state
         out by the partition rules (replicated on a pure data mesh, FSDP-split on an
         ``fsdp`` axis) and replicates the rest."""
-        rest = replicate(ts.replace(env_state=None, params=None, opt_state=None), self.mesh)
-        params, opt_state = (put(t, param_shardings(t, self.mesh, self.rules)) for t in (ts.params, ts.opt_state))
+        return put(ts, self.shardings(ts))
+
+    def shardings(self, ts: TrainState) -> TrainState:
+        """Where `place` puts each leaf of ``ts`` (real or abstract: the planner lays out
+        the state it never allocates with these)."""
+        rest = jax.tree.map(lambda _: replicated(self.mesh), ts.replace(env_state=None, params=None, opt_state=None))
+        params, opt_state = (param_shardings(t, self.mesh, self.rules) for t in (ts.params, ts.opt_state))
         return rest.replace(
-            params=params, opt_state=opt_state, env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs)
+            params=params, opt_state=opt_state, env_state=batch_shardings(ts.env_state, self.mesh, self.env.num_envs)
         )
 
     # ------------------------------------------------------ what stages call

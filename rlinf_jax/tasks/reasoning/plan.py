@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.optim import clipped_adamw, guarded_update
-from rlinf_jax.flow.plan import Program, Resident
+from rlinf_jax.flow.plan import Program, Resident, laid_out, param_count
 from rlinf_jax.policies.lm.hf_checkpoint import abstract_model, parse_dtype
 from rlinf_jax.policies.lm.logprobs import policy_logprobs
 from rlinf_jax.rollout.sampler import Layout, bucket_length, decode_tokens, prefill_prompts
@@ -37,21 +37,13 @@ from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
 from rlinf_jax.tasks.sft.lm_model import lm_architecture
 from rlinf_jax.tasks.sft.lm_setup import lm_transform, make_lora, policy_weights, trainable_params
-
-
-def _abstract(tree, shardings):
-    """``tree``'s leaves as `jax.ShapeDtypeStruct`s laid out by ``shardings``."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+from rlinf_jax.tasks.sft.plan import lm_remedies
 
 
 def _rows(shape, dtype, mesh, rows: int):
     """A batch array whose leading rows split over the mesh's batch axes where they divide."""
     split = batch_axes(mesh) and rows % batch_divisor(mesh) == 0
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh) if split else replicated(mesh))
-
-
-def param_count(state) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(state)))
 
 
 def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], list[Resident], list[str]]:
@@ -105,14 +97,14 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
 
     # ---------------------------------------------------------------- actor
     actor = meshes["actor"]
-    actor_params = _abstract(params, param_shardings(params, actor, rules))
+    actor_params = laid_out(params, param_shardings(params, actor, rules))
     n_mini = samples // cfg.actor.global_batch_size
     o = cfg.actor.optim
     total = cfg.runner.max_steps * a.update_epochs * n_mini
     tx, schedule = clipped_adamw(o.lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, total)
     tx = lm_transform(tx, lora)
     opt = jax.eval_shape(tx.init, actor_params)
-    opt = _abstract(opt, state_shardings(opt, actor, rules))
+    opt = laid_out(opt, state_shardings(opt, actor, rules))
     layout = None
     if cfg.actor.micro_batch_size % batch_divisor(actor) == 0 and batch_axes(actor):
         layout = NamedSharding(actor, PartitionSpec(None, None, batch_axes(actor)))
@@ -146,7 +138,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     # ---------------------------------------------------------------- reference
     if a.kl_coef > 0:
         ref_mesh = meshes["reference"]
-        ref_params = _abstract(policy, param_shardings(policy, ref_mesh, rules))
+        ref_params = laid_out(policy, param_shardings(policy, ref_mesh, rules))
         rows = {k: _rows(batch[k].shape, batch[k].dtype, ref_mesh, samples)
                 for k in ("prompt_ids", "prompt_mask", "tokens", "response_mask")}
         ref_layout = None
@@ -161,7 +153,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
 
     # ---------------------------------------------------------------- rollout
     rollout = meshes["rollout"]
-    roll_params = _abstract(policy, param_shardings(policy, rollout, rules))
+    roll_params = laid_out(policy, param_shardings(policy, rollout, rules))
     # Released before the update and rebuilt by the weight sync after it (the trainer's).
     residents.append(Resident("rollout", "rollout params", roll_params, absent_during=("actor",)))
     gen = bucket_length(N, 8)
@@ -233,25 +225,12 @@ def _state_layout(state, layout: Layout):
 
 
 def remedies(cfg: Config) -> list[tuple[str, dict]]:
-    """What would lower a reasoning run's memory per chip, each as the config keys that
-    say it (the planner tries each one, and all together): the ones this config lacks."""
-    m = cfg.actor.model
-    out = []
-    if m.logits_chunk == 0 and m.matmul == "xla":
-        out.append(("log-probs in chunks of 8192 vocabulary columns", {"actor.model.logits_chunk": 8192}))
-    if m.remat == "none":
-        out.append(("every decoder block rematerialised in the backward pass",
-                    {"actor.model.remat": "full", "actor.model.scan_layers": True}))
+    """What would lower a reasoning run's memory per chip, each as the config keys that say
+    it (the planner tries each one, and all together): a language model's remedies this
+    config lacks, and one optimiser step an iteration."""
+    out = lm_remedies(cfg)
     samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
     if cfg.actor.global_batch_size < samples:
-        out.append(("one optimiser step an iteration (no shuffled mini-batches to carry)",
-                    {"actor.global_batch_size": samples}))
-    micro = cfg.actor.micro_batch_size
-    if micro > 1 and micro % 2 == 0:
-        out.append((f"micro-batches of {micro // 2} sequences", {"actor.micro_batch_size": micro // 2}))
-    if m.lora_rank == 0:
-        out.append(("LoRA adapters of rank 16 (no optimiser state for the base)", {"actor.model.lora_rank": 16}))
-    if m.base_qtype == "none":
-        out.append(("QLoRA: the base in NF4 with rank-16 adapters",
-                    {"actor.model.lora_rank": max(16, m.lora_rank), "actor.model.base_qtype": "nf4"}))
+        out.insert(min(2, len(out)), ("one optimiser step an iteration (no shuffled mini-batches to carry)",
+                                      {"actor.global_batch_size": samples}))
     return out

@@ -69,20 +69,22 @@ class SFTStep:
     logits_chunk: int = 0  # actor.model.logits_chunk
 
 
+def micro_loss(s: SFTStep, params, mb: dict, total):
+    """One micro-batch's share of the step's loss: its targets' summed negative
+    log-likelihood over ``total``, the target tokens of the whole step."""
+    model = nnx.merge(s.graphdef, policy_weights(s.lora, params))
+    logp, _ = policy_logprobs(model, mb, logits_chunk=s.logits_chunk)
+    m = mb["response_mask"] > 0
+    return -jnp.sum(jnp.where(m, logp, 0.0)) / total
+
+
 def train_step(s: SFTStep, ts: LMTrainState, batch: dict):
     """One guarded optimiser step on ``batch`` (the token-mean NLL of its targets)."""
     B = batch["tokens"].shape[0]
     n_micro = B // s.micro_batch_size
     total = jnp.maximum(jnp.sum(batch["response_mask"]), 1).astype(jnp.float32)
     micro = jax.tree.map(lambda x: x.reshape(n_micro, s.micro_batch_size, *x.shape[1:]), batch)
-
-    def loss_fn(params, mb):
-        model = nnx.merge(s.graphdef, policy_weights(s.lora, params))
-        logp, _ = policy_logprobs(model, mb, logits_chunk=s.logits_chunk)
-        m = mb["response_mask"] > 0
-        return -jnp.sum(jnp.where(m, logp, 0.0)) / total
-
-    grad_fn = trainable_value_and_grad(loss_fn, s.lora)
+    grad_fn = trainable_value_and_grad(lambda params, mb: micro_loss(s, params, mb, total), s.lora)
 
     def accumulate(grads, mb):
         loss, g = grad_fn(ts.params, mb)
