@@ -37,7 +37,7 @@ from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
 from rlinf_jax.tasks.sft.lm_model import lm_architecture
 from rlinf_jax.tasks.sft.lm_setup import lm_transform, make_lora, policy_weights, trainable_params
-from rlinf_jax.tasks.sft.plan import lm_remedies
+from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params
 
 
 def _rows(shape, dtype, mesh, rows: int):
@@ -78,6 +78,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     lora = make_lora(policy, m)
     params = jax.eval_shape(lambda p: trainable_params(p, lora, 0), policy)
     n_params = param_count(policy)
+    flop_params = matmul_params(config, n_params)
 
     prompts, group = cfg.data.rollout_batch_size, a.group_size
     samples = prompts * group
@@ -123,9 +124,12 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
         batch["ref_logp"] = _rows((samples, N), jnp.float32, actor, samples)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(actor))
     update = jax.jit(functools.partial(rl.update, u), donate_argnums=0)
-    # Forward and backward of every response token, per epoch, plus the old log-probs' forward.
-    tokens = samples * (P + N)
-    train_flops = 6.0 * n_params * tokens * a.update_epochs + (2.0 * n_params * tokens if u.recompute_old else 0.0)
+    # Forward and backward of every token, per epoch, plus the old log-probs' forward. With
+    # shared prompts (`prompt_group`) a group's prompt is run once for its samples: the
+    # model's work is each distinct prompt once and every response.
+    tokens = samples * N + (samples // u.prompt_group) * P
+    passes = 6.0 * a.update_epochs + (2.0 if u.recompute_old else 0.0)
+    train_flops = passes * flop_params * tokens
     out: list[Program] = [
         Program("actor", "update", update, (state, batch, key), model_flops=train_flops,
                 holds=("actor params", "actor optimizer"), more=_update_loops(u, actor_params, opt, batch, actor)),
@@ -147,7 +151,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
         ref = jax.jit(functools.partial(rl.reference_logprobs, graphdef, u.temperature, cfg.actor.micro_batch_size,
                                         u.prompt_group, logits_chunk=u.logits_chunk, layout=ref_layout))
         chunks = samples // cfg.actor.micro_batch_size if samples % cfg.actor.micro_batch_size == 0 else 1
-        out.append(Program("reference", "logprobs", ref, (ref_params, rows), model_flops=2.0 * n_params * tokens,
+        out.append(Program("reference", "logprobs", ref, (ref_params, rows), model_flops=2.0 * flop_params * tokens,
                            loop_trips=chunks, holds=("reference params",)))
         residents.append(Resident("reference", "reference params", ref_params))
 
@@ -178,12 +182,12 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     decode_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), decode_state,
                                 _state_layout(decode_state, lay))
     out.insert(0, Program("rollout", "prefill", prefill_prompts, prefill_args, prefill_kw,
-                          model_flops=2.0 * n_params * prompts * P, holds=("rollout params",)))
+                          model_flops=2.0 * flop_params * prompts * P, holds=("rollout params",)))
     out.insert(1, Program(
         "rollout", "decode", decode_tokens,
         (graphdef, roll_params, decode_state, scalar(jnp.int32), scalar(jnp.float32), scalar(jnp.float32), stops),
         {"prompt_len": P, "layout": lay, **static},
-        loop_trips=N - 1, model_flops=2.0 * n_params * samples * (N - 1), holds=("rollout params",),
+        loop_trips=N - 1, model_flops=2.0 * flop_params * samples * (N - 1), holds=("rollout params",),
     ))
     return out, residents, notes
 

@@ -104,7 +104,8 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     grad = jax.jit(trainable_value_and_grad(lambda p, mb, total: micro_loss(spec, p, mb, total), lora))
     total = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
     more = ((grad, (params, _batch(mesh, micro, P, N, micro), total), B // micro - 1),)
-    out = [Program("actor", "train_step", step, (state, batch), model_flops=6.0 * n_params * tokens,
+    train_flops = 6.0 * matmul_params(config, n_params) * tokens
+    out = [Program("actor", "train_step", step, (state, batch), model_flops=train_flops,
                    holds=("actor params", "actor optimizer"), more=more)]
     residents = [Resident("actor", "actor params", params), Resident("actor", "actor optimizer", opt)]
     split = micro % batch_divisor(mesh) == 0 and B == micro
@@ -130,6 +131,12 @@ def _batch(mesh, rows: int, prompt: int, target: int, micro: int) -> dict:
     sharding = batch_sharding(mesh) if split else replicated(mesh)
     shapes = {"prompt_ids": prompt, "prompt_mask": prompt, "tokens": target, "response_mask": target}
     return {k: jax.ShapeDtypeStruct((rows, n), jnp.int32, sharding=sharding) for k, n in shapes.items()}
+
+
+def matmul_params(config, n_params: int) -> int:
+    """The parameters a token multiplies by (the model FLOPs' 2 per parameter per token): all
+    of them but an untied input embedding, which is looked up, not multiplied."""
+    return n_params - (0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size)
 
 
 def lm_remedies(cfg: Config) -> list[tuple[str, dict]]:
