@@ -138,6 +138,14 @@ def _yaml_value(v) -> str:
 # names the argument, not an AttributeError from deep inside.
 
 
+def _check_config_argument(cfg, overrides) -> None:
+    """A run is a recipe name with overrides, or a resolved Config without them."""
+    if not isinstance(cfg, (str, Config)):
+        raise BadInput(f"cfg must be a Config (rj.load_config) or a recipe name, not {_described(cfg)}")
+    if isinstance(cfg, Config) and overrides:
+        raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
+
+
 def _described(value) -> str:
     if value is None:
         return "None"
@@ -258,12 +266,9 @@ def train(cfg: Config | str, overrides: Sequence[str] | dict = (), console=None)
 
     from rlinf_jax.tasks.registry import task_of
 
+    _check_config_argument(cfg, overrides)
     if isinstance(cfg, str):
         cfg = load_config(cfg, overrides)
-    elif not isinstance(cfg, Config):
-        raise BadInput(f"cfg must be a Config (rj.load_config) or a recipe name, not {_described(cfg)}")
-    elif overrides:
-        raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
     else:
         from rlinf_jax.runtime.xla_flags import apply_xla_cpu_flags
 
@@ -396,12 +401,9 @@ def plan(cfg: Config | str, target: str, overrides: Sequence[str] | dict = (), p
     chosen = parse_target(target)
     if hbm_gib is not None:
         chosen = chosen.with_memory(hbm_gib)
+    _check_config_argument(cfg, overrides)
     if isinstance(cfg, str):
         cfg = load_config(cfg, overrides)
-    elif not isinstance(cfg, Config):
-        raise BadInput(f"cfg must be a Config (rj.load_config) or a recipe name, not {type(cfg).__name__} {cfg!r}")
-    elif overrides:
-        raise BadInput("give overrides with a recipe name; a Config is already resolved (use load_config)")
     devices = abstract_devices(chosen)
     task = task_of(cfg)
 

@@ -31,6 +31,15 @@ TINY_PLAN = [
 ]
 
 
+def _tiny_lm_params(cfg) -> int:
+    """The parameters of a recipe's tiny Qwen2-shaped model, counted by hand."""
+    m = cfg.actor.model
+    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
+    kv = h // m.lm_num_heads * m.lm_num_kv_heads
+    per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
+    return v * h + layers * per_layer + h  # tied embedding, blocks, final norm
+
+
 @pytest.fixture(scope="module")
 def tiny_v5e():
     return rj.plan("grpo_math", "v5e:2x2", TINY_PLAN)
@@ -56,11 +65,7 @@ def test_a_tiny_reasoning_run_compiles_for_two_tpu_generations(tiny_v5e):
 
 def test_the_parameter_bytes_per_chip_are_the_analytic_count(tiny_v5e):
     cfg = rj.load_config("grpo_math", TINY_PLAN)
-    m = cfg.actor.model
-    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
-    kv = h // m.lm_num_heads * m.lm_num_kv_heads
-    per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
-    params = v * h + layers * per_layer + h  # tied embedding, blocks, final norm
+    params = _tiny_lm_params(cfg)
     analytic = params * 4 / 4  # float32, FSDP over 4 chips
     prefill = tiny_v5e.reports[0]
     assert (prefill.component, prefill.name) == ("rollout", "prefill")
@@ -120,11 +125,7 @@ TINY_SFT = [
 
 def test_a_tiny_sft_run_compiles_for_two_tpu_generations():
     cfg = rj.load_config("sft_math", TINY_SFT)
-    m = cfg.actor.model
-    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
-    kv = h // m.lm_num_heads * m.lm_num_kv_heads
-    per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
-    params = v * h + layers * per_layer + h  # tied embedding, blocks, final norm
+    params = _tiny_lm_params(cfg)
     for target, chips, chip in (("v5e:2x2", 4, "v5e"), ("v6e:2x4", 8, "v6e")):
         report = rj.plan(cfg, target)
         out = report.to_json()

@@ -9,7 +9,6 @@ at their largest (prompts at ``data.max_prompt_length``, responses at
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import jax
@@ -37,7 +36,7 @@ from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
 from rlinf_jax.tasks.sft.lm_model import lm_architecture
 from rlinf_jax.tasks.sft.lm_setup import lm_transform, make_lora, policy_weights, trainable_params
-from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params
+from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params, with_unrolled_twins
 
 
 def _rows(shape, dtype, mesh, rows: int):
@@ -51,14 +50,7 @@ def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], l
     the state that stays resident between them, and notes on what was assumed. A scanned
     model's programs carry their unrolled twins, where the planner counts FLOPs (not
     needed for memory alone: ``twins=False``)."""
-    out, residents, notes = _programs(cfg, devices)
-    if cfg.actor.model.scan_layers and twins:
-        unrolled = copy.deepcopy(cfg)
-        unrolled.actor.model.scan_layers = False
-        twins = {(p.component, p.name): p for p in _programs(unrolled, devices)[0]}
-        for p in out:
-            p.twin = twins[(p.component, p.name)]
-    return out, residents, notes
+    return with_unrolled_twins(_programs, cfg, devices, twins)
 
 
 def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[str]]:

@@ -44,11 +44,18 @@ def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], l
     """The optimiser step of the sft run ``cfg`` describes, laid out on ``devices``, the state
     that stays resident around it, and notes on what was assumed. A scanned model's step
     carries its unrolled twin, where the planner counts FLOPs (``twins=False``: memory only)."""
-    out, residents, notes = _programs(cfg, devices)
+    return with_unrolled_twins(_programs, cfg, devices, twins)
+
+
+def with_unrolled_twins(build, cfg: Config, devices, twins: bool = True):
+    """``build(cfg, devices)``'s programs, residents and notes; with ``twins`` and a scanned
+    model, each program carries the same program built with the layers unrolled (lowered,
+    never compiled: where the planner counts FLOPs, since the compiler counts a loop once)."""
+    out, residents, notes = build(cfg, devices)
     if cfg.actor.model.scan_layers and twins:
         unrolled = copy.deepcopy(cfg)
         unrolled.actor.model.scan_layers = False
-        twin = {(p.component, p.name): p for p in _programs(unrolled, devices)[0]}
+        twin = {(p.component, p.name): p for p in build(unrolled, devices)[0]}
         for p in out:
             p.twin = twin[(p.component, p.name)]
     return out, residents, notes
