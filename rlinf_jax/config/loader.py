@@ -584,6 +584,11 @@ def _validate_model(m) -> None:
         f"actor.model.pi0_method={m.pi0_method!r} is unknown; choose flow_sde or flow_noise",
     )
     _require(
+        not m.architecture or m.kind in ("vla", "pi0"),
+        f"actor.model.architecture={m.architecture!r} names a published VLA; it needs actor.model.kind=vla or pi0 "
+        f"(not {m.kind})",
+    )
+    _require(
         math.isfinite(m.pi0_noise_level) and m.pi0_noise_level > 0,
         f"actor.model.pi0_noise_level={m.pi0_noise_level} must be a finite number > 0",
     )

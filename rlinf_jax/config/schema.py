@@ -203,6 +203,11 @@ class PolicyConfig:
     pi0_num_steps: int = 4
     pi0_method: str = "flow_sde"  # flow_sde | flow_noise
     pi0_noise_level: float = 0.5
+    # kind=vla or pi0: a published architecture by name ("openvla-7b", "pi0") instead of the
+    # vla_* / lm_* / pi0_expert_* sizes, its action and state projections sized for the env
+    # (which must render the model's image size). Fresh weights: plan such a run before
+    # launching it (`python -m rlinf_jax.plan`); "" = the sizes above.
+    architecture: str = ""
 
 
 @dataclass

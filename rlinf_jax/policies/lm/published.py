@@ -48,6 +48,38 @@ PUBLISHED: dict[str, dict] = {
 }
 
 
+# The vision-language-action families at their published sizes, as their own config.json
+# fields (read by `OpenVLAConfig.from_hf_config` and `Pi0Config.from_hf_config`): what
+# ``actor.model.architecture`` names for an embodied run planned at real size.
+# - openvla-7b: Prismatic's fused DINOv2-L/14 (with registers) + SigLIP so400m/14 towers at
+#   224 px and Llama 2 7B with its vocabulary padded by 64 rows (openvla/openvla-7b);
+# - pi0: PaliGemma 3B (SigLIP so400m/14 at 224 px, Gemma 2B) and the Gemma-300M action
+#   expert, chunks of 50 actions of up to 32 dimensions, 10 denoising steps (openpi's pi0).
+PUBLISHED_VLA: dict[str, dict] = {
+    "openvla-7b": {
+        "model_type": "openvla", "use_fused_vision_backbone": True,
+        "timm_model_ids": ["vit_large_patch14_reg4_dinov2", "vit_so400m_patch14_siglip_224"],
+        "image_sizes": [224, 224], "n_action_bins": 256, "pad_to_multiple_of": 64,
+        "text_config": PUBLISHED["llama-2-7b"],
+    },
+    "pi0": {
+        "model_type": "pi0", "chunk_size": 50, "max_state_dim": 32, "max_action_dim": 32, "num_inference_steps": 10,
+        "vlm_config": {
+            "model_type": "paligemma", "projection_dim": 2048, "image_token_id": 257152,
+            "vision_config": {
+                "model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                "num_hidden_layers": 27, "num_attention_heads": 16, "patch_size": 14, "image_size": 224,
+            },
+            "text_config": PUBLISHED["gemma-2b"],
+        },
+        "dit_config": {
+            "model_type": "gemma", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 18,
+            "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+        },
+    },
+}
+
+
 def published_config(path: str) -> dict | None:
     """The published ``config.json`` fields of the model a path names (its folder name
     holds a known model's name, case aside), or None."""

@@ -25,6 +25,7 @@ from flax import nnx
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import LMConfig
+from rlinf_jax.policies.lm.published import PUBLISHED_VLA
 from rlinf_jax.policies.lm.config import RopeConfig
 from rlinf_jax.policies.vla.action_tokens import reduce_logprobs
 from rlinf_jax.policies.vla.heads import ValueHead
@@ -51,6 +52,42 @@ def tower_config(model_cfg, image_size: int, *, final_norm: bool) -> ViTConfig:
         gelu_approximate=True,
         final_norm=final_norm,
     )
+
+
+def published_vla(model_cfg, kind: str) -> dict:
+    """The published ``config.json`` fields ``actor.model.architecture`` names for a policy of
+    ``kind`` (`policies.lm.published.PUBLISHED_VLA`)."""
+    name = model_cfg.architecture
+    known = [k for k, hf in PUBLISHED_VLA.items() if hf["model_type"] == {"vla": "openvla", "pi0": "pi0"}[kind]]
+    if name not in known:
+        raise BadInput(
+            f"actor.model.architecture={name!r} is not a published {kind} architecture this project knows; "
+            f"choose one of {', '.join(known)}, or leave it empty for the sizes actor.model.lm_* / vla_* give"
+        )
+    return PUBLISHED_VLA[name]
+
+
+def check_image_size(model_cfg, wanted: int, image_size: int) -> None:
+    if wanted != image_size:
+        raise BadInput(
+            f"actor.model.architecture={model_cfg.architecture} reads {wanted} px images; the env renders "
+            f"{image_size} px: set env.image_size={wanted}"
+        )
+
+
+def openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig:
+    """The policy's backbone: the published OpenVLA ``actor.model.architecture`` names, or an
+    OpenVLA-shaped model of the sizes ``actor.model`` gives (`tiny_openvla_config`)."""
+    if not model_cfg.architecture:
+        return tiny_openvla_config(model_cfg, image_size, text_vocab)
+    config = OpenVLAConfig.from_hf_config(published_vla(model_cfg, "vla"))
+    check_image_size(model_cfg, config.image_size, image_size)
+    first_action = config.action_vocab_end - config.n_action_bins
+    if text_vocab > first_action:
+        raise BadInput(
+            f"the env's {text_vocab} instruction ids overlap {model_cfg.architecture}'s action ids (from {first_action})"
+        )
+    return config
 
 
 def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig:
@@ -80,16 +117,21 @@ def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAC
     )
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 class ChunkActorCritic(nnx.Module):
     """An OFT policy (OpenVLA backbone + parallel action slots, discrete head), a
     proprioception token and a value head on the last prompt state."""
 
     def __init__(
-        self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs
+        self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, dtype=jnp.float32,
+        rngs: nnx.Rngs, scan_layers: bool = False,
     ):
         d = config.text.hidden_size
         # ``dtype`` is the backbone's compute dtype; parameters stay float32 for the optimiser.
-        vla = OpenVLA(config, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        vla = OpenVLA(config, dtype=dtype, param_dtype=jnp.float32, rngs=rngs, scan_layers=scan_layers)
         self.oft = OFTPolicy(vla, OFTConfig(chunk, action_dim, "discrete"), rngs=rngs)
         self.proprio = nnx.Linear(proprio_size, d, rngs=rngs)
         self.value = ValueHead(d, (d,), rngs=rngs)
@@ -100,7 +142,12 @@ class ChunkActorCritic(nnx.Module):
         pixels = obs["image"].astype(jnp.float32)
         if obs["image"].dtype == jnp.uint8:
             pixels = pixels / 255.0
-        pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
+        if self.oft.vla.config.fused:
+            # Prismatic's two towers each read their own copy: DINOv2's normalised with
+            # ImageNet's statistics, then SigLIP's.
+            pixels = jnp.concatenate([(pixels - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD), pixels * 2.0 - 1.0], axis=-1)
+        else:
+            pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
         valid = tokens != 0  # the instruction vocabulary pads with id 0, on the right
         proprio = self.proprio(obs["proprio"].astype(jnp.float32))[:, None]
         out = self.oft.slot_states(tokens, valid, pixels, extra_embeds=proprio)
@@ -114,17 +161,19 @@ class ChunkVLAPolicy:
     normalizable_observations = False
 
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
-        self.config = tiny_openvla_config(model_cfg, image_size, text_vocab)
+        self.config = openvla_config(model_cfg, image_size, text_vocab)
         self.chunk_length, self.action_size, self.proprio_size = chunk_length, action_size, proprio_size
         self.num_slots = chunk_length * action_size
         self.temperature = float(model_cfg.vla_temperature)
         self.logprob_level = model_cfg.vla_logprob_level
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
+        self.scan_layers = bool(model_cfg.scan_layers)
         self.tokenizer = self.config.tokenizer
 
     def build(self, rngs: nnx.Rngs) -> ChunkActorCritic:
         return ChunkActorCritic(
-            self.config, self.chunk_length, self.action_size, self.proprio_size, dtype=self.dtype, rngs=rngs
+            self.config, self.chunk_length, self.action_size, self.proprio_size, dtype=self.dtype, rngs=rngs,
+            scan_layers=self.scan_layers,
         )
 
     def env_action(self, bins: jax.Array) -> jax.Array:

@@ -227,15 +227,17 @@ class OpenVLA(nnx.Module):
         dtype=jnp.float32,
         param_dtype=None,
         rngs: nnx.Rngs,
+        scan_layers: bool = False,
     ):
         param_dtype = param_dtype or dtype
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.featurizers = nnx.List([ViT(c, **kw) for c in config.vision])
+        # ``scan_layers``: the towers' and the LM's blocks under lax.scan (see `CausalLM`).
+        self.featurizers = nnx.List([ViT(c, scan_layers=scan_layers, **kw) for c in config.vision])
         self.projector = Projector(config.vision_dim, config.text.hidden_size, config.fused, **kw)
-        self.llm = CausalLM(config.text, **kw)
+        self.llm = CausalLM(config.text, scan_layers=scan_layers, **kw)
 
     def image_features(self, pixels: jax.Array) -> jax.Array:
         """Concatenated patch features ``[B, num_patches, vision_dim]``."""

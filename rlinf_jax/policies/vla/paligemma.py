@@ -105,12 +105,14 @@ class PaliGemma(nnx.Module):
         dtype=jnp.float32,
         param_dtype=None,
         rngs: nnx.Rngs,
+        scan_layers: bool = False,
     ):
         param_dtype = param_dtype or dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.config = config
         self.dtype = dtype
-        self.vision_tower = ViT(config.vision, **kw)
+        # ``scan_layers``: the tower's and the LM's blocks under lax.scan (see `CausalLM`).
+        self.vision_tower = ViT(config.vision, scan_layers=scan_layers, **kw)
         self.projector = Dense(
             config.vision.hidden_size,
             config.text.hidden_size,
@@ -118,7 +120,7 @@ class PaliGemma(nnx.Module):
             use_bias=True,
             **kw,
         )
-        self.language_model = CausalLM(config.text, **kw)
+        self.language_model = CausalLM(config.text, scan_layers=scan_layers, **kw)
 
     def image_features(self, pixels: jax.Array) -> jax.Array:
         """``[N, H, W, C]`` images -> projected patch features ``[N, tokens_per_image, text hidden]``."""

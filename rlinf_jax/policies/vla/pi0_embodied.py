@@ -36,9 +36,24 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig, RopeConfig
 from rlinf_jax.policies.vla import flow_steps
-from rlinf_jax.policies.vla.embodied import tabletop_spec, tower_config
+from rlinf_jax.policies.vla.embodied import check_image_size, published_vla, tabletop_spec, tower_config
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 from rlinf_jax.policies.vla.pi0 import Pi0, Pi0Config, Prefix
+
+
+def pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
+    """The policy's model: the published pi0 ``actor.model.architecture`` names, its chunk,
+    state and action sizes those of the env (they size only the action expert's input and
+    output projections), or a pi0 of the sizes ``actor.model`` gives (`tiny_pi0_config`)."""
+    m = model_cfg
+    if not m.architecture:
+        return tiny_pi0_config(m, image_size, text_vocab, chunk, action_dim, state_dim)
+    hf = {**published_vla(m, "pi0"), "chunk_size": chunk, "max_state_dim": state_dim, "max_action_dim": action_dim,
+          "num_inference_steps": m.pi0_num_steps}
+    config = Pi0Config.from_hf_config(hf, value_hidden=(1024,),
+                                      noise_hidden=(1024,) if m.pi0_method == flow_steps.FLOW_NOISE else ())
+    check_image_size(m, config.paligemma.vision.image_size, image_size)
+    return config
 
 
 def tiny_pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
@@ -87,16 +102,19 @@ class Pi0Policy:
     normalizable_observations = False
 
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
-        self.config = tiny_pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
+        self.config = pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
         self.chunk_length, self.action_size = chunk_length, action_size
         self.num_steps = int(model_cfg.pi0_num_steps)
         self.method = str(model_cfg.pi0_method)
         self.noise_level = float(model_cfg.pi0_noise_level)
-        self.image_token = text_vocab
+        self.image_token = self.config.paligemma.image_token_id
+        # The products' dtype; parameters stay float32 for the optimiser.
+        self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
+        self.scan_layers = bool(model_cfg.scan_layers)
         self.num_patches = self.config.paligemma.tokens_per_image
 
     def build(self, rngs: nnx.Rngs) -> Pi0:
-        return Pi0(self.config, rngs=rngs)
+        return Pi0(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs, scan_layers=self.scan_layers)
 
     # -- observations ------------------------------------------------------------------
 
@@ -127,15 +145,18 @@ class Pi0Policy:
         """The `FlowSample` of each env from its own key (``keys [B]``): rows are sampled one
         by one under vmap, so no row's noise depends on the batch it is in."""
         prefix, state = self.encode(model, obs)
+        # A scanned model's cache is stacked [layers, B, ...]: its rows are on axis 1.
+        b = 1 if self.scan_layers else 0
+        axes = Prefix(jax.tree.map(lambda _: b, prefix.cache), 0)
 
         def one(prefix_row, state_row, key):
-            row = jax.tree.map(lambda x: x[None], (prefix_row, state_row))
+            row = Prefix(jax.tree.map(lambda x: jnp.expand_dims(x, b), prefix_row.cache), prefix_row.mask[None])
             out = model.sample_with_logprob(
-                *row, key, method=self.method, num_steps=self.num_steps, noise_level=self.noise_level
+                row, state_row[None], key, method=self.method, num_steps=self.num_steps, noise_level=self.noise_level
             )
             return jax.tree.map(lambda x: x[0], out)
 
-        return jax.vmap(one)(prefix, state, keys)
+        return jax.vmap(one, in_axes=(axes, 0, 0))(prefix, state, keys)
 
     def act(self, model: Pi0, obs, keys):
         out = self.sample(model, obs, keys)

@@ -29,6 +29,7 @@ from flax import nnx
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.layers import INIT_STD, Dense, param
+from rlinf_jax.policies.lm.layout import stack_variables
 
 SIGLIP_TYPES = ("siglip_vision_model", "siglip")
 DINOV2_TYPES = ("dinov2_with_registers", "dinov2")
@@ -284,9 +285,13 @@ class AttentionPool(nnx.Module):
 class ViT(nnx.Module):
     """SigLIP / DINOv2 vision transformer; see the module docstring for the outputs."""
 
-    def __init__(self, config: ViTConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs):
+    def __init__(self, config: ViTConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
+                 scan_layers: bool = False):
         param_dtype = param_dtype or dtype
         self.config = config
+        # As `CausalLM`'s: the blocks stacked on a leading layer axis and run under lax.scan,
+        # so XLA compiles one block whatever the depth (the same seed, the same weights).
+        self.scan_layers = bool(scan_layers)
         self.dtype = dtype
         self.param_dtype = param_dtype
         c = config
@@ -302,7 +307,11 @@ class ViT(nnx.Module):
             if c.num_register_tokens
             else None
         )
-        self.blocks = nnx.List([Block(c, **kw) for _ in range(c.num_layers)])
+        blocks = [Block(c, **kw) for _ in range(c.num_layers)]
+        if self.scan_layers:
+            self.blocks = nnx.merge(nnx.graphdef(blocks[0]), stack_variables([nnx.state(b) for b in blocks]))
+        else:
+            self.blocks = nnx.List(blocks)
         self.final_norm = LayerNorm(D, eps=c.layer_norm_eps, **kw) if c.final_norm else None
         self.head = AttentionPool(c, **kw) if c.attention_pool else None
 
@@ -351,30 +360,52 @@ class ViT(nnx.Module):
     def hidden_states(self, pixels: jax.Array, num_blocks: int | None = None) -> list[jax.Array]:
         """``[embeddings, block 0 output, ..., block num_blocks-1 output]``, each ``[B, N, D]``
         (no final norm); ``num_blocks`` defaults to all."""
-        num_blocks = len(self.blocks) if num_blocks is None else num_blocks
-        if not 0 <= num_blocks <= len(self.blocks):
-            raise BadInput(f"num_blocks={num_blocks} is outside 0..{len(self.blocks)}")
+        return self._run_blocks(pixels, num_blocks, keep_all=True)
+
+    def last_hidden_state(self, pixels: jax.Array, num_blocks: int | None = None) -> jax.Array:
+        """``hidden_states(pixels, num_blocks)[-1]``, keeping no other block's output."""
+        return self._run_blocks(pixels, num_blocks, keep_all=False)[-1]
+
+    def _run_blocks(self, pixels, num_blocks, keep_all: bool) -> list[jax.Array]:
+        n = self.config.num_layers
+        num_blocks = n if num_blocks is None else num_blocks
+        if not 0 <= num_blocks <= n:
+            raise BadInput(f"num_blocks={num_blocks} is outside 0..{n}")
         x = self.embed(pixels)
         B, N, D = x.shape
-        outs = [x]
         h = x.reshape(B * N, D)
-        for block in self.blocks[:num_blocks]:
-            h = block(h, B)
-            outs.append(h.reshape(B, N, D))
-        return outs
+        if not self.scan_layers:
+            outs = [x]
+            for block in self.blocks[:num_blocks]:
+                h = block(h, B)
+                outs.append(h.reshape(B, N, D))
+            return outs if keep_all else [outs[-1]]
+        if num_blocks == 0:
+            return [x]
+        graphdef, stacked = nnx.split(self.blocks)
+        stacked = jax.tree.map(lambda v: v[:num_blocks], stacked)
+
+        def step(h, state):
+            h = nnx.merge(graphdef, state)(h, B)
+            return h, (h if keep_all else None)
+
+        h, every = jax.lax.scan(step, h, stacked)
+        if not keep_all:
+            return [h.reshape(B, N, D)]
+        return [x, *(every[i].reshape(B, N, D) for i in range(num_blocks))]
 
     def patch_features(self, pixels: jax.Array, layer: int = -2) -> jax.Array:
         """Output of block ``layer`` (Python indexing into the blocks; -2 is the second to
         last) without the prefix tokens, ``[B, num_patches, D]``; later blocks are not run."""
-        n = len(self.blocks)
+        n = self.config.num_layers
         index = layer + n if layer < 0 else layer
         if not 0 <= index < n:
             raise BadInput(f"layer={layer} does not name one of the {n} blocks")
-        return self.hidden_states(pixels, index + 1)[-1][:, self.config.num_prefix_tokens :]
+        return self.last_hidden_state(pixels, index + 1)[:, self.config.num_prefix_tokens :]
 
     def __call__(self, pixels: jax.Array) -> jax.Array:
         """Last hidden state ``[B, N, D]``, after the final norm when the model has one."""
-        h = self.hidden_states(pixels)[-1]
+        h = self.last_hidden_state(pixels)
         return h if self.final_norm is None else self.final_norm(h)
 
     def pooled(self, pixels: jax.Array) -> jax.Array:

@@ -37,9 +37,11 @@ MODELS = {
     },
     "vla": {
         "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla_n_bins",
-        "actor.model.vla_temperature", "actor.model.vla_logprob_level", *LM_SIZES, *TOWER,
+        "actor.model.vla_temperature", "actor.model.vla_logprob_level", "actor.model.architecture", "actor.model.scan_layers",
+        *LM_SIZES, *TOWER,
     },
-    "pi0": {"actor.model.kind", "actor.model.vla_logprob_level", *LM_SIZES, *TOWER} | {
+    "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla_logprob_level", "actor.model.architecture",
+            "actor.model.scan_layers", *LM_SIZES, *TOWER} | {
         f"actor.model.pi0_{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
                                          "noise_level")
     },
