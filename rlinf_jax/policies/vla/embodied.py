@@ -127,11 +127,11 @@ class ChunkActorCritic(nnx.Module):
 
     def __init__(
         self, config: OpenVLAConfig, chunk: int, action_dim: int, proprio_size: int, *, dtype=jnp.float32,
-        rngs: nnx.Rngs, scan_layers: bool = False,
+        rngs: nnx.Rngs, scan_layers: bool = False, remat: str = "none",
     ):
         d = config.text.hidden_size
         # ``dtype`` is the backbone's compute dtype; parameters stay float32 for the optimiser.
-        vla = OpenVLA(config, dtype=dtype, param_dtype=jnp.float32, rngs=rngs, scan_layers=scan_layers)
+        vla = OpenVLA(config, dtype=dtype, param_dtype=jnp.float32, rngs=rngs, scan_layers=scan_layers, remat=remat)
         self.oft = OFTPolicy(vla, OFTConfig(chunk, action_dim, "discrete"), rngs=rngs)
         self.proprio = nnx.Linear(proprio_size, d, rngs=rngs)
         self.value = ValueHead(d, (d,), rngs=rngs)
@@ -167,13 +167,13 @@ class ChunkVLAPolicy:
         self.temperature = float(model_cfg.vla_temperature)
         self.logprob_level = model_cfg.vla_logprob_level
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
-        self.scan_layers = bool(model_cfg.scan_layers)
+        self.scan_layers, self.remat = bool(model_cfg.scan_layers), str(model_cfg.remat)
         self.tokenizer = self.config.tokenizer
 
     def build(self, rngs: nnx.Rngs) -> ChunkActorCritic:
         return ChunkActorCritic(
             self.config, self.chunk_length, self.action_size, self.proprio_size, dtype=self.dtype, rngs=rngs,
-            scan_layers=self.scan_layers,
+            scan_layers=self.scan_layers, remat=self.remat,
         )
 
     def env_action(self, bins: jax.Array) -> jax.Array:

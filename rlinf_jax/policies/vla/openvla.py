@@ -228,16 +228,19 @@ class OpenVLA(nnx.Module):
         param_dtype=None,
         rngs: nnx.Rngs,
         scan_layers: bool = False,
+        remat: str = "none",
     ):
         param_dtype = param_dtype or dtype
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        # ``scan_layers``: the towers' and the LM's blocks under lax.scan (see `CausalLM`).
-        self.featurizers = nnx.List([ViT(c, scan_layers=scan_layers, **kw) for c in config.vision])
+        # ``scan_layers`` / ``remat``: the towers' and the LM's blocks under lax.scan and
+        # a rematerialisation policy (see `CausalLM`).
+        layout = {"scan_layers": scan_layers, "remat": remat}
+        self.featurizers = nnx.List([ViT(c, **layout, **kw) for c in config.vision])
         self.projector = Projector(config.vision_dim, config.text.hidden_size, config.fused, **kw)
-        self.llm = CausalLM(config.text, scan_layers=scan_layers, **kw)
+        self.llm = CausalLM(config.text, **layout, **kw)
 
     def image_features(self, pixels: jax.Array) -> jax.Array:
         """Concatenated patch features ``[B, num_patches, vision_dim]``."""

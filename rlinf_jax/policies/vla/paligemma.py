@@ -106,13 +106,16 @@ class PaliGemma(nnx.Module):
         param_dtype=None,
         rngs: nnx.Rngs,
         scan_layers: bool = False,
+        remat: str = "none",
     ):
         param_dtype = param_dtype or dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.config = config
         self.dtype = dtype
-        # ``scan_layers``: the tower's and the LM's blocks under lax.scan (see `CausalLM`).
-        self.vision_tower = ViT(config.vision, scan_layers=scan_layers, **kw)
+        # ``scan_layers`` / ``remat``: the tower's and the LM's blocks under lax.scan and a
+        # rematerialisation policy (see `CausalLM`).
+        layout = {"scan_layers": scan_layers, "remat": remat}
+        self.vision_tower = ViT(config.vision, **layout, **kw)
         self.projector = Dense(
             config.vision.hidden_size,
             config.text.hidden_size,
@@ -120,7 +123,7 @@ class PaliGemma(nnx.Module):
             use_bias=True,
             **kw,
         )
-        self.language_model = CausalLM(config.text, scan_layers=scan_layers, **kw)
+        self.language_model = CausalLM(config.text, **layout, **kw)
 
     def image_features(self, pixels: jax.Array) -> jax.Array:
         """``[N, H, W, C]`` images -> projected patch features ``[N, tokens_per_image, text hidden]``."""

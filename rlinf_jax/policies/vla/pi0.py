@@ -151,16 +151,18 @@ class Pi0(nnx.Module):
     """pi0 (``PI0ForConditionalGeneration``) plus optional RL heads; see the module docstring."""
 
     def __init__(self, config: Pi0Config, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, remat: str = "none"):
         param_dtype = param_dtype or dtype
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.config = config
         self.dtype = dtype
         c, E = config, config.expert.hidden_size
-        # ``scan_layers``: every tower's and LM's blocks under lax.scan (see `CausalLM`); the
-        # prefix's KV cache is then stacked, as the expert's scanned layers read it.
-        self.paligemma = PaliGemma(c.paligemma, scan_layers=scan_layers, **kw)
-        self.expert = CausalLM(c.expert, token_embeddings=False, scan_layers=scan_layers, **kw)
+        # ``scan_layers`` / ``remat``: every tower's and LM's blocks under lax.scan and a
+        # rematerialisation policy (see `CausalLM`); a scanned prefix's KV cache is stacked,
+        # as the expert's scanned layers read it.
+        layout = {"scan_layers": scan_layers, "remat": remat}
+        self.paligemma = PaliGemma(c.paligemma, **layout, **kw)
+        self.expert = CausalLM(c.expert, token_embeddings=False, **layout, **kw)
         dense = {"use_bias": True, **kw}
         self.state_proj = Dense(c.max_state_dim, E, (None, "embed"), **dense)
         self.action_in_proj = Dense(c.max_action_dim, E, (None, "embed"), **dense)

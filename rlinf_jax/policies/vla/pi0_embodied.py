@@ -110,11 +110,12 @@ class Pi0Policy:
         self.image_token = self.config.paligemma.image_token_id
         # The products' dtype; parameters stay float32 for the optimiser.
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
-        self.scan_layers = bool(model_cfg.scan_layers)
+        self.scan_layers, self.remat = bool(model_cfg.scan_layers), str(model_cfg.remat)
         self.num_patches = self.config.paligemma.tokens_per_image
 
     def build(self, rngs: nnx.Rngs) -> Pi0:
-        return Pi0(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs, scan_layers=self.scan_layers)
+        return Pi0(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
+                   scan_layers=self.scan_layers, remat=self.remat)
 
     # -- observations ------------------------------------------------------------------
 

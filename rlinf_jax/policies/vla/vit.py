@@ -30,6 +30,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.layers import INIT_STD, Dense, param
 from rlinf_jax.policies.lm.layout import stack_variables
+from rlinf_jax.policies.lm.model import check_remat, checkpointed
 
 SIGLIP_TYPES = ("siglip_vision_model", "siglip")
 DINOV2_TYPES = ("dinov2_with_registers", "dinov2")
@@ -286,12 +287,15 @@ class ViT(nnx.Module):
     """SigLIP / DINOv2 vision transformer; see the module docstring for the outputs."""
 
     def __init__(self, config: ViTConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, remat: str = "none"):
         param_dtype = param_dtype or dtype
+        check_remat(remat)
         self.config = config
         # As `CausalLM`'s: the blocks stacked on a leading layer axis and run under lax.scan,
-        # so XLA compiles one block whatever the depth (the same seed, the same weights).
+        # so XLA compiles one block whatever the depth (the same seed, the same weights), and
+        # each block under the rematerialisation policy ``remat``.
         self.scan_layers = bool(scan_layers)
+        self.remat = remat
         self.dtype = dtype
         self.param_dtype = param_dtype
         c = config
@@ -377,16 +381,19 @@ class ViT(nnx.Module):
         if not self.scan_layers:
             outs = [x]
             for block in self.blocks[:num_blocks]:
-                h = block(h, B)
+                graphdef, state = nnx.split(block)
+                h = checkpointed(lambda st, h, g=graphdef: nnx.merge(g, st)(h, B), self.remat)(state, h)
                 outs.append(h.reshape(B, N, D))
             return outs if keep_all else [outs[-1]]
         if num_blocks == 0:
             return [x]
         graphdef, stacked = nnx.split(self.blocks)
         stacked = jax.tree.map(lambda v: v[:num_blocks], stacked)
+        # A loop body's recomputation cannot merge with the forward pass it repeats.
+        block = checkpointed(lambda st, h: nnx.merge(graphdef, st)(h, B), self.remat, prevent_cse=False)
 
         def step(h, state):
-            h = nnx.merge(graphdef, state)(h, B)
+            h = block(state, h)
             return h, (h if keep_all else None)
 
         h, every = jax.lax.scan(step, h, stacked)

@@ -29,6 +29,8 @@ LM_SIZES = {
     for k in ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
               "max_position_embeddings")
 }
+# A VLA's published architecture by name, and how its blocks are laid out and rematerialised.
+LAYOUT = {"actor.model.architecture", "actor.model.scan_layers", "actor.model.remat"}
 TOWER = {f"actor.model.vla_{k}" for k in ("patch_size", "vision_hidden_size", "vision_layers", "vision_heads")}
 MODELS = {
     "mlp": {
@@ -37,11 +39,9 @@ MODELS = {
     },
     "vla": {
         "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla_n_bins",
-        "actor.model.vla_temperature", "actor.model.vla_logprob_level", "actor.model.architecture", "actor.model.scan_layers",
-        *LM_SIZES, *TOWER,
+        "actor.model.vla_temperature", "actor.model.vla_logprob_level", *LAYOUT, *LM_SIZES, *TOWER,
     },
-    "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla_logprob_level", "actor.model.architecture",
-            "actor.model.scan_layers", *LM_SIZES, *TOWER} | {
+    "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla_logprob_level", *LAYOUT, *LM_SIZES, *TOWER} | {
         f"actor.model.pi0_{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
                                          "noise_level")
     },
