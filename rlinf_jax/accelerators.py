@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 import sys
 
 GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips' PCI vendor id (v5e/v5p/v6e show as vfio devices)
@@ -56,3 +57,17 @@ def quiet_cpu_default(environ=None) -> bool:
     if environ is None and jax is not None and hasattr(jax, "config"):
         jax.config.update("jax_platforms", "cpu")
     return True
+
+
+# A GPU target of the planner (``h100x8``): GPUs it stands in for with XLA's host devices,
+# whose count must be set before JAX starts (`rlinf_jax.sharding.targets`).
+GPU_TARGET = re.compile(r"^(a100|h100|h200)[x:](\d+)$")
+
+
+def host_devices_for_target(text: str) -> None:
+    """Before JAX starts: as many host devices as the GPU target ``text`` names GPUs (a TPU
+    target needs none). A count the user already set in ``XLA_FLAGS`` is kept."""
+    m = GPU_TARGET.match(str(text).strip().lower())
+    flags = os.environ.get("XLA_FLAGS", "")
+    if m and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={int(m.group(2))}".strip()

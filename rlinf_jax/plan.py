@@ -27,11 +27,12 @@ def _parse_args(argv):
         prog="python -m rlinf_jax.plan", description="A run on paper, before it is launched: every program of an iteration compiled for a TPU "
         "topology (no TPU, no weights), the memory each chip holds, a roofline bound of the time, and whether it fits.",
         epilog="Targets: a TPU generation and its chip grid: v5e:2x2, v5e:4x4 (16 chips, 4 hosts), v5e:8x8, "
-        "v5p:2x2x2, v6e:2x4, v4:2x2x2. Example: python -m rlinf_jax.plan --config-name grpo_qwen2.5_7b "
+        "v5p:2x2x2, v6e:2x4, v4:2x2x2; or GPUs and how many: h100x8, a100x8, h200x16 (an estimate from XLA's CPU "
+        "compiler, which the plan says). Example: python -m rlinf_jax.plan --config-name grpo_qwen2.5_7b "
         "--target v5e:4x4",
     )
     parser.add_argument("--config-name", "-cn", required=True, help="recipe in configs/ (or a .yaml path)")
-    parser.add_argument("--target", required=True, help="the TPU topology to plan for, e.g. v5e:4x4")
+    parser.add_argument("--target", required=True, help="the TPU topology or GPUs to plan for, e.g. v5e:4x4 or h100x8")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--hbm-gib", type=float, default=None,
                         help="plan against this much memory per chip (default: the chip's own)")
@@ -46,6 +47,9 @@ def _parse_args(argv):
 
 def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    from rlinf_jax.accelerators import host_devices_for_target
+
+    host_devices_for_target(args.target)  # a GPU target's stand-ins, before JAX starts
     # Deferred until the arguments are parsed, so that `--help` answers before JAX loads.
     from rlinf_jax.api import plan
     from rlinf_jax.errors import BadInput

@@ -1,6 +1,7 @@
 """The memory check before a run's first step (`cluster.memory_check`): on a backend that
-reports each device's memory, a reasoning run compiles its iteration's programs for its
-devices and refuses a layout that cannot fit in one line, before anything is trained.
+reports each device's memory, a run compiles its iteration's programs for its devices (its
+task's planner: reasoning, sft, embodied PPO, off-policy) and refuses a layout that cannot
+fit in one line, before anything is trained; a layout the planner does not know is skipped.
 
 XLA's CPU backend reports no memory limit, so the limit is given here as a GPU or TPU
 backend would report it (`device_memory_bytes`); the programs are the run's own, compiled
@@ -11,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 import rlinf_jax.flow.plan as plan_lib
-import rlinf_jax.tasks.reasoning.run as reasoning_run
 from rlinf_jax.runtime import list_steps
 from rlinf_jax.train import main
 from tests.test_reasoning_flow import TINY
@@ -21,9 +21,7 @@ RUN = ["--config-name", "grpo_math", *TINY, "sft.warm_start_steps=0", "runner.ma
 
 
 def _device_memory(monkeypatch, limit):
-    reported = lambda devices: limit  # noqa: E731
-    monkeypatch.setattr(plan_lib, "device_memory_bytes", reported)
-    monkeypatch.setattr(reasoning_run, "device_memory_bytes", reported)
+    monkeypatch.setattr(plan_lib, "device_memory_bytes", lambda devices: limit)
 
 
 def test_a_run_that_cannot_fit_its_devices_is_refused_before_its_first_step(tmp_path, monkeypatch, capsys):
@@ -48,7 +46,7 @@ def test_the_check_can_be_turned_off(tmp_path, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("the memory check ran although cluster.memory_check=false")
 
-    monkeypatch.setattr(reasoning_run, "refuse_unless_fits", never)
+    monkeypatch.setattr(plan_lib, "refuse_unless_fits", never)
     _device_memory(monkeypatch, 256 * 1024.0)
     assert main([*RUN, f"runner.output_dir={tmp_path}", "runner.experiment_name=off",
                  "cluster.memory_check=false"]) == 0
@@ -59,3 +57,20 @@ def test_the_cpu_backend_reports_no_limit_and_nothing_is_compiled():
 
     assert plan_lib.device_memory_bytes(jax.devices()) is None
     assert plan_lib.refuse_unless_fits(lambda d: pytest.fail("compiled on the CPU"), jax.devices()) is None
+
+
+@pytest.mark.parametrize("recipe, extra", [
+    ("ppo_brax", ["runner.max_steps=1", "env.num_envs=64", "algorithm.rollout_length=4"]),
+    ("sac_brax", ["runner.max_steps=1", "algorithm.learning_starts=0"]),
+])
+def test_control_runs_are_checked_too(tmp_path, monkeypatch, capsys, recipe, extra):
+    run = ["--config-name", recipe, *extra, "runner.eval_interval=0", f"runner.output_dir={tmp_path}"]
+    _device_memory(monkeypatch, 1024.0)  # 1 KiB a device: nothing fits
+    assert main([*run, "runner.experiment_name=small"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: does not fit: collocated/"), err
+    assert list_steps(tmp_path / "small" / "checkpoints") == []
+    # A layout the planner does not know (stages) is not checked, says so, and trains.
+    assert main([*run, "runner.experiment_name=staged", "flow.max_staleness=1"]) == 0
+    assert "memory check: skipped: " in capsys.readouterr().out
+    assert list_steps(tmp_path / "staged" / "checkpoints") == [1]

@@ -112,6 +112,30 @@ def test_bad_targets_are_one_line_before_any_compile():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.devices(8)
+def test_a_gpu_target_is_an_estimate_from_the_cpu_compiler_and_says_so(tiny_v5e):
+    report = rj.plan("grpo_math", "h100x8", TINY_PLAN)
+    out = report.to_json()
+    assert (out["chips"], out["hosts"], out["hbm_per_chip_gib"], out["fits"]) == (8, 1, 80.0, True)
+    assert out["compiler"] == "xla cpu, standing in for the gpu"
+    assert "XLA's CPU compiler on 8 host devices" in report.notes[0]
+    # The parameters split over the 8 stand-ins as over 8 GPUs: their bytes per device are
+    # the analytic count, as on the TPU target.
+    prefill = report.reports[0]
+    params = _tiny_lm_params(rj.load_config("grpo_math", TINY_PLAN))
+    assert prefill.argument_bytes == pytest.approx(params * 4 / 8, rel=0.05)
+    # Costed against the H100's peaks: the same work as on v5e-4 takes less time per call.
+    update = out["components"]["actor"]["programs"]["update"]
+    on_tpu = tiny_v5e.to_json()["components"]["actor"]["programs"]["update"]
+    assert update["predicted_s"] < on_tpu["predicted_s"]
+
+
+def test_a_gpu_target_without_its_host_devices_is_one_line():
+    assert parse_target("h100x8").chip.platform == "gpu" and parse_target("a100:16").chips == 16
+    with pytest.raises(BadInput, match="XLA_FLAGS=--xla_force_host_platform_device_count=4096"):
+        rj.plan("grpo_math", "h100x4096", TINY_PLAN)
+
+
 # A language model's sft run small enough to compile in seconds: two micro-batches a step
 # (the accumulation loop's other trip is costed), the parameters split four ways (FSDP) in
 # slices of whole 128-lane tiles (so no padding blurs the count), data-parallel beyond.
@@ -182,9 +206,43 @@ def test_an_embodied_run_in_stages_or_on_a_host_simulator_is_refused_in_one_line
         rj.plan("ppo_gym_mujoco", "v5e:2x2")
 
 
-def test_a_workload_without_a_plan_says_so():
-    with pytest.raises(BadInput, match="planning a runner.task=offpolicy run is not supported yet"):
-        rj.plan("sac_brax", "v5e:2x2")
+def test_a_tiny_sac_run_compiles_for_two_tpu_generations_with_its_replay_split_over_the_chips():
+    # A buffer big enough to dominate what else stays on the chips: 2^20 transitions of
+    # inverted_pendulum (4 observations, 1 action), split over the chips with the envs.
+    capacity, obs, act = 2**20, 4, 1
+    transition_bytes = (2 * obs + act + 2) * 4  # obs, next_obs, action, reward, terminated: float32
+    cfg = rj.load_config("sac_brax")
+    m = cfg.actor.model
+
+    def mlp(sizes):
+        return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+    actor = mlp([obs, *m.policy_hidden_sizes, 2 * act])  # a mean and a log-std per action
+    critics = cfg.algorithm.num_q * mlp([obs + act, *m.value_hidden_sizes, 1])
+    adam = 2 * (actor + critics) * 4  # two float32 moments per parameter, replicated
+    for target, chips in (("v5e:2x2", 4), ("v6e:2x4", 8)):
+        report = rj.plan("sac_brax", target, [f"algorithm.replay_size={capacity}"])
+        out = report.to_json()
+        assert out["chips"] == chips and out["fits"] is True
+        programs = out["components"]["collocated"]["programs"]
+        assert set(programs) == {"iteration", "evaluate"}
+        for p in programs.values():
+            assert p["flops"] > 0 and p["bytes_accessed"] > 0 and p["predicted_s"] > 0
+        # A replay buffer this size makes the iteration memory-bound: its utilisation rounds to 0.
+        assert out["predicted_iteration_s"] > 0 and 0 <= out["predicted_mfu"] < 1
+        # While the evaluation runs, the buffer, the optimisers and the env batch stay.
+        evaluate = next(r for r in report.reports if r.name == "evaluate")
+        assert evaluate.others_bytes == pytest.approx(capacity * transition_bytes / chips + adam, rel=0.05)
+        # The iteration takes all of it as arguments, and the networks (four copies: the
+        # actor and the critics, the target critics, the rollout's actor) besides.
+        iteration = next(r for r in report.reports if r.name == "iteration")
+        assert iteration.argument_bytes == pytest.approx(
+            evaluate.others_bytes + (2 * actor + 2 * critics) * 4, rel=0.05)
+
+
+def test_an_off_policy_run_in_stages_is_refused_in_one_line():
+    with pytest.raises(BadInput, match="runs as stages, which the planner does not know yet"):
+        rj.plan("sac_brax", "v5e:2x2", ["cluster.component_placement=disaggregated"])
 
 
 def test_a_real_size_recipe_knows_its_published_architecture_without_weights():

@@ -26,6 +26,7 @@ model FLOPs utilisation it implies is an upper bound of what the hardware could 
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +40,8 @@ from jax._src.lib import _jax  # hlo_module_cost_analysis: no public API costs a
 from jax.experimental.compilation_cache import compilation_cache
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.sharding.targets import GIB, Chip, Target
+from rlinf_jax.sharding import resolve_num_devices
+from rlinf_jax.sharding.targets import GIB, GPU_ESTIMATE_NOTE, Chip, Target
 
 # Left free on every chip for what no program accounts for: the runtime's own buffers,
 # fragmentation, the host transfers of a batch.
@@ -47,6 +49,11 @@ MEMORY_MARGIN = 0.05
 
 _OOM = re.compile(r"memory required for HLO temporaries \((?P<temp>[\d.]+)(?P<unit>[KMGT])\)")
 _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class NotPlanned(BadInput):
+    """A run the planner does not know how to lay out (a staged layout, a host simulator):
+    bad input to `python -m rlinf_jax.plan`; the check before a run's first step skips it."""
 
 
 @dataclass
@@ -123,6 +130,20 @@ class ProgramReport:
         if self.refused:
             out["refused"] = self.refused
         return out
+
+
+def with_unrolled_twins(build, cfg, devices, twins: bool = True):
+    """``build(cfg, devices)``'s programs, residents and notes; with ``twins`` and a scanned
+    model, each program carries the same program built with the layers unrolled (lowered,
+    never compiled: where the planner counts FLOPs, since the compiler counts a loop once)."""
+    out, residents, notes = build(cfg, devices)
+    if cfg.actor.model.scan_layers and twins:
+        unrolled = copy.deepcopy(cfg)
+        unrolled.actor.model.scan_layers = False
+        twin = {(p.component, p.name): p for p in build(unrolled, devices)[0]}
+        for p in out:
+            p.twin = twin[(p.component, p.name)]
+    return out, residents, notes
 
 
 def laid_out(tree, shardings):
@@ -315,6 +336,10 @@ class PlanReport:
         return {
             "target": self.target,
             "chip": self.chip.name,
+            "platform": self.chip.platform,
+            # Which compiler's analyses these are: the target's own, or XLA's CPU compiler
+            # standing in for a GPU's (an estimate, see `sharding.targets`).
+            "compiler": "xla cpu, standing in for the gpu" if self.chip.platform == "gpu" else self.chip.platform,
             "chips": self.chips,
             "hosts": self.hosts,
             "hbm_per_chip_gib": self.chip.hbm_gib,
@@ -384,7 +409,10 @@ def plan_programs(target, programs: Sequence[Program], residents: Sequence[Resid
             if progress is not None:
                 progress(f"compiling {p.component}/{p.name} for {target.text} ({i + 1}/{len(programs)})")
             reports.append(compile_program(p, target.chip, residents, costs))
-    return PlanReport(target.text, target.chip, target.chips, target.hosts, reports, list(notes))
+    notes = list(notes)
+    if isinstance(target, Target) and target.chip.platform == "gpu":
+        notes.insert(0, GPU_ESTIMATE_NOTE.format(n=target.chips))
+    return PlanReport(target.text, target.chip, target.chips, target.hosts, reports, notes)
 
 
 @dataclass(frozen=True)
@@ -434,4 +462,27 @@ def refuse_unless_fits(programs_on: Callable, devices, progress=None) -> PlanRep
             f"{report.verdict()}; the run would stop out of memory. Plan a layout that fits with "
             "python -m rlinf_jax.plan --remedies (or cluster.memory_check=false to try anyway)"
         )
+    return report
+
+
+def check_before_first_step(cfg, programs_on: Callable, console=None) -> PlanReport | None:
+    """``cluster.memory_check`` for any task: its planner's programs (``programs_on(devices)``)
+    compiled for the run's devices and held against each device's memory before a warm
+    start or the first step (`refuse_unless_fits`). Nothing happens on the CPU (no limit
+    reported), with the check turned off, or for a layout the planner does not know (said
+    on the console)."""
+    if not cfg.cluster.memory_check:
+        return None
+    devices = jax.devices()[: resolve_num_devices(cfg.cluster.num_devices)]
+    if device_memory_bytes(devices) is None:
+        return None
+    say = None if console is None else (lambda line: console.print(f"memory check: {line}"))
+    try:
+        report = refuse_unless_fits(programs_on, devices, say)
+    except NotPlanned as e:
+        if say is not None:
+            say(f"skipped: {e}")
+        return None
+    if say is not None and report is not None:
+        say(report.verdict())
     return report

@@ -8,6 +8,13 @@ compiles for, on a machine with no TPU at all. Each host of a TPU slice holds th
 ``chips_per_host`` (four of them in a 2x2 block on every generation here; eight on one-host
 v5e/v6e slices of eight), so a topology of more chips is several hosts' worth.
 
+``h100x8`` names GPUs and how many (``a100x8``, ``h200x16``; eight to a host). No library
+offers abstract GPUs, so a GPU target is an estimate: the programs are laid out on as many
+of XLA's host (CPU) devices and compiled by its CPU compiler, whose memory and cost analyses
+stand in for the GPU compiler's (other fusions, other layouts, no GPU kernels); the plan
+says so in its notes. The command sets the host device count itself; from Python, start
+the process with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.
+
 The limits (`Chip`) are the vendors' published figures per chip: HBM, peak dense bfloat16
 FLOP/s and HBM bandwidth. They bound a prediction, they do not measure anything.
 """
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 
 from jax.experimental import topologies
 
-from rlinf_jax.accelerators import tpu_chips_present
+from rlinf_jax.accelerators import GPU_TARGET, tpu_chips_present
 from rlinf_jax.errors import BadInput
 
 GIB = 1024**3
@@ -48,6 +55,16 @@ CHIPS = {
     "v5p": Chip("v5p", 95.0, 459e12, 2.765e12),
     "v6e": Chip("v6e", 32.0, 918e12, 1.64e12),
 }
+GPUS = {
+    "a100": Chip("a100", 80.0, 312e12, 2.039e12, "gpu"),  # A100 SXM 80 GB
+    "h100": Chip("h100", 80.0, 989e12, 3.35e12, "gpu"),  # H100 SXM
+    "h200": Chip("h200", 141.0, 989e12, 4.8e12, "gpu"),
+}
+GPUS_PER_HOST = 8
+GPU_ESTIMATE_NOTE = (
+    "estimate: no abstract GPUs exist, so XLA's CPU compiler on {n} host devices compiled these programs; its "
+    "memory and FLOPs stand in for the GPU compiler's (other fusions and layouts: expect the temporaries to differ)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,8 @@ class Target:
 
     @property
     def chips_per_host(self) -> tuple[int, int, int]:
+        if self.chip.platform == "gpu":
+            return (min(self.chips, GPUS_PER_HOST), 1, 1)
         if self.chips == 8 and self.chip.name in ("v5e", "v6e") and len(self.dims) == 2:
             return (2, 4, 1)  # v5e-8 / v6e-8: one host of eight chips
         return (min(2, self.dims[0]), min(2, self.dims[1]), 1)
@@ -94,13 +113,19 @@ _TARGET = re.compile(r"^(v4|v5e|v5p|v6e)[:\-]((?:\d+x)+\d+)$")
 
 
 def parse_target(text: str) -> Target:
-    """``v5e:4x4`` -> its `Target`; one `BadInput` line for anything else."""
+    """``v5e:4x4`` or ``h100x8`` -> its `Target`; one `BadInput` line for anything else."""
+    g = GPU_TARGET.match(str(text).strip().lower())
+    if g:
+        n = int(g.group(2))
+        if n < 1:
+            raise BadInput(f"--target {text!r}: the number of GPUs must be >= 1")
+        return Target(GPUS[g.group(1)], (n,), str(text).strip())
     m = _TARGET.match(str(text).strip().lower())
     if not m:
         known = ", ".join(f"{c}:2x2" for c in CHIPS)
         raise BadInput(
-            f"--target {text!r} is not a TPU topology; give a generation and its chip grid, such as {known}, "
-            "v5e:4x4 or v5p:2x2x2"
+            f"--target {text!r} is not a TPU topology or a GPU count; give a TPU generation and its chip grid, such "
+            f"as {known}, v5e:4x4 or v5p:2x2x2, or GPUs as h100x8 ({', '.join(GPUS)})"
         )
     chip = CHIPS[m.group(1)]
     dims = tuple(int(d) for d in m.group(2).split("x"))
@@ -127,9 +152,26 @@ def _libtpu_quiet():
             os.close(saved)
 
 
+def gpu_stand_ins(target: Target) -> list:
+    """XLA's host devices standing in for a GPU target's GPUs (see the module docstring)."""
+    import jax
+
+    cpus = jax.devices("cpu")
+    if len(cpus) < target.chips:
+        raise BadInput(
+            f"planning for {target.text} lays its programs out on {target.chips} host devices standing in for the "
+            f"GPUs; this process has {len(cpus)}: start it with XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{target.chips} (python -m rlinf_jax.plan does so itself)"
+        )
+    return cpus[: target.chips]
+
+
 def abstract_devices(target: Target) -> list:
     """The target's chips as devices XLA's TPU compiler lays programs out on (needs libtpu,
-    not a TPU); one `BadInput` line naming the install command without it."""
+    not a TPU); one `BadInput` line naming the install command without it. For a GPU
+    target, host devices in their place (`gpu_stand_ins`)."""
+    if target.chip.platform == "gpu":
+        return gpu_stand_ins(target)
     if importlib.util.find_spec("libtpu") is None:
         raise BadInput(
             f"planning for {target.text} needs libtpu, the TPU compiler; install it with "

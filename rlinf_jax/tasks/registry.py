@@ -84,11 +84,14 @@ def _embodied_plan(cfg: Config, devices):
     return programs(cfg, devices)
 
 
+def _offpolicy_plan(cfg: Config, devices):
+    from rlinf_jax.tasks.offpolicy.plan import programs
+
+    return programs(cfg, devices)
+
+
 def _no_plan(cfg: Config, devices):
-    raise BadInput(
-        f"planning a runner.task={cfg.runner.task} run is not supported yet; the planner knows reasoning, sft "
-        "and embodied runs"
-    )
+    raise BadInput(f"planning a runner.task={cfg.runner.task} run is not supported yet")
 
 
 def _embodied_components(cfg: Config) -> tuple[str, ...]:
@@ -98,7 +101,7 @@ def _embodied_components(cfg: Config) -> tuple[str, ...]:
 
 
 def _offpolicy_components(cfg: Config) -> tuple[str, ...]:
-    from rlinf_jax.tasks.offpolicy.run import COMPONENTS
+    from rlinf_jax.tasks.offpolicy.config import COMPONENTS
 
     return COMPONENTS
 
@@ -141,7 +144,7 @@ TASKS: dict[str, Task] = {
     ),
     "offpolicy": Task(
         "offpolicy", _offpolicy_run, _offpolicy_components, offpolicy_config.reads,
-        offpolicy_config.check, "an",
+        offpolicy_config.check, "an", plan=_offpolicy_plan,
     ),
     "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm,
                 plan=_sft_plan, remedies=_sft_remedies),

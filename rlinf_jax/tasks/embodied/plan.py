@@ -30,9 +30,8 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
-from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
-from rlinf_jax.flow.plan import Program, Resident, laid_out
+from rlinf_jax.flow.plan import NotPlanned, Program, Resident, laid_out, with_unrolled_twins
 from rlinf_jax.rollout import unroll
 from rlinf_jax.sharding import component_mesh, resolve_placement
 from rlinf_jax.sharding.mesh import replicated
@@ -44,18 +43,27 @@ from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 COMPONENT = "collocated"  # env, rollout and actor share every chip: one component to the planner
 
 
-def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[str]]:
+def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], list[Resident], list[str]]:
     """The fused trainer's programs for the run ``cfg`` describes, laid out on ``devices``,
-    the state that stays resident between them, and notes on what was assumed."""
+    the state that stays resident between them, and notes on what was assumed. A VLA with
+    scanned layers carries its unrolled twins, where the planner counts FLOPs (``twins=False``:
+    memory only)."""
+    return with_unrolled_twins(_programs, cfg, devices, twins)
+
+
+def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[str]]:
     e = cfg.env
     if is_host_suite(e):
-        raise BadInput(
+        raise NotPlanned(
             f"planning an embodied run on a host simulator (env.suite={e.suite}) is not supported: its envs step in "
             "worker processes on the host's CPUs, outside any program a TPU runs"
         )
+    if cfg.cluster.component_placement == "auto":
+        # `rj.plan` plans each layout in turn; the check before a run's first step cannot.
+        raise NotPlanned("cluster.component_placement=auto is planned layout by layout: plan a named one")
     placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, len(devices), cfg.cluster.mesh)
     if not runners.fused(cfg.flow, placement):
-        raise BadInput(
+        raise NotPlanned(
             f"planning an embodied run plans the fused trainer (every component collocated, flow.num_micro_batches=1, "
             f"flow.max_staleness=0); this layout ({placement.mode}, {cfg.flow.num_micro_batches} micro-batch(es), "
             f"staleness {cfg.flow.max_staleness}, flow.runner={cfg.flow.runner}) runs as stages, which the planner "

@@ -12,8 +12,10 @@ from typing import ClassVar
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.tabletop import SPLITS
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, eval_key, open_run_dir
+from rlinf_jax.flow.plan import check_before_first_step
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.plan import programs as plan_programs
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.warm_start import warm_start
 
@@ -146,6 +148,7 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
         if opened.done is not None:
             return opened.done
         run_dir, resume_path = opened.run_dir, opened.resume_path
+        check_before_first_step(cfg, lambda devices: plan_programs(cfg, devices, twins=False), console)
         setup = make_setup(cfg)
         if resume_path is None:  # a resumed run restores its parameters; a warm start would be lost
             setup = warm_start(cfg, setup)

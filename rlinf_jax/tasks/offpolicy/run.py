@@ -13,16 +13,17 @@ from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.plan import check_before_first_step
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
+from rlinf_jax.tasks.offpolicy.config import COMPONENTS
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
+from rlinf_jax.tasks.offpolicy.plan import programs as plan_programs
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
 from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 
-# The replay buffer lives with the learner (the actor), on the actor's mesh.
-COMPONENTS = ("env", "rollout", "actor")
 
 
 def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None):
@@ -83,6 +84,7 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
         if opened.done is not None:
             return opened.done
         run_dir, resume_path = opened.run_dir, opened.resume_path
+        check_before_first_step(cfg, lambda devices: plan_programs(cfg, devices), console)
         trainer = build_trainer(cfg)
         result = OffPolicyLoop(cfg, trainer, run_dir, resume_path, console).run()
         per_iteration = trainer.env_steps_per_iteration

@@ -21,8 +21,8 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.rollout import evaluate_policy
-from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate, shard_batch
-from rlinf_jax.sharding.mesh import replicated
+from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate
+from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
@@ -114,15 +114,17 @@ class OffPolicyTrainer(Trainer):
     def init(self) -> OffPolicyState:
         return self.place(self.fresh_state())
 
+    def shardings(self, ts: OffPolicyState) -> OffPolicyState:
+        """The env batch and the buffer's rows split over the batch axes; the rest replicated
+        (of real or abstract state: how the planner lays out a state it never allocates)."""
+        rep, n = replicated(self.mesh), self.env.num_envs
+        rest = jax.tree.map(lambda _: rep, ts.replace(env_state=None, replay=None))
+        replay = ts.replay.replace(experience=batch_shardings(ts.replay.experience, self.mesh, n),
+                                   current_index=rep, is_full=rep)
+        return rest.replace(env_state=batch_shardings(ts.env_state, self.mesh, n), replay=replay)
+
     def place(self, ts: OffPolicyState) -> OffPolicyState:
-        """The env batch and the buffer's rows split over the batch axes; the rest replicated."""
-        rest = replicate(ts.replace(env_state=None, replay=None), self.mesh)
-        replay = ts.replay.replace(
-            experience=shard_batch(ts.replay.experience, self.mesh, self.env.num_envs),
-            current_index=replicate(ts.replay.current_index, self.mesh),
-            is_full=replicate(ts.replay.is_full, self.mesh),
-        )
-        return rest.replace(env_state=shard_batch(ts.env_state, self.mesh, self.env.num_envs), replay=replay)
+        return put(ts, self.shardings(ts))
 
     # ---------------------------------------------------------- trainer protocol
     def snapshot(self, ts: OffPolicyState):

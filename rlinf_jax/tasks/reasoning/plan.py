@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.optim import clipped_adamw, guarded_update
-from rlinf_jax.flow.plan import Program, Resident, laid_out, param_count
+from rlinf_jax.flow.plan import Program, Resident, laid_out, param_count, with_unrolled_twins
 from rlinf_jax.policies.lm.hf_checkpoint import abstract_model, parse_dtype
 from rlinf_jax.policies.lm.logprobs import policy_logprobs
 from rlinf_jax.rollout.sampler import Layout, bucket_length, decode_tokens, prefill_prompts
@@ -36,7 +36,7 @@ from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
 from rlinf_jax.tasks.sft.lm_model import lm_architecture
 from rlinf_jax.tasks.sft.lm_setup import lm_transform, make_lora, policy_weights, trainable_params
-from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params, with_unrolled_twins
+from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params
 
 
 def _rows(shape, dtype, mesh, rows: int):

@@ -12,16 +12,13 @@ import copy
 import time
 from pathlib import Path
 
-import jax
-
 from rlinf_jax.config.loader import config_to_yaml, load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.host_loop import NothingToDo, enable_compilation_cache, open_run_dir
-from rlinf_jax.flow.plan import device_memory_bytes, refuse_unless_fits
+from rlinf_jax.flow.plan import check_before_first_step
 from rlinf_jax.runtime import RunDir, list_steps
 from rlinf_jax.runtime.distributed import is_primary
-from rlinf_jax.sharding.mesh import resolve_num_devices
 from rlinf_jax.tasks.reasoning.config import check_algorithm
 from rlinf_jax.tasks.reasoning.plan import programs
 from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
@@ -82,19 +79,6 @@ def warm_start(cfg: Config, console=None) -> Path | None:
     return sft_dir.path
 
 
-def check_memory(cfg: Config, console=None) -> None:
-    """The iteration's programs compiled for the run's devices and held against each
-    device's memory, before a warm start or the first step (`flow.plan.refuse_unless_fits`;
-    nothing to do on the CPU, whose backend reports no limit)."""
-    devices = jax.devices()[: resolve_num_devices(cfg.cluster.num_devices)]
-    if device_memory_bytes(devices) is None:
-        return
-    progress = None if console is None else (lambda line: console.print(f"memory check: {line}"))
-    report = refuse_unless_fits(lambda d: programs(cfg, d, twins=False), devices, progress)
-    if console is not None:
-        console.print(f"memory check: {report.verdict()}")
-
-
 def run(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
     """Trains (or resumes) the reasoning run ``cfg`` describes; returns its summary."""
     t_start = time.perf_counter()
@@ -105,8 +89,7 @@ def run(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
         run_dir, resume_path = opened.run_dir, opened.resume_path
         check_algorithm(cfg)  # before a warm start spends minutes
         check_resume_layout(cfg, resume_path)
-        if cfg.cluster.memory_check:
-            check_memory(cfg, console)
+        check_before_first_step(cfg, lambda d: programs(cfg, d, twins=False), console)
         warm = warm_start(cfg, console)
         train_cfg = cfg
         if warm is not None:

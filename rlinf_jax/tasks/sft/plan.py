@@ -13,7 +13,6 @@ the reasoning task, which builds on this one.
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import jax
@@ -21,9 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlinf_jax.config.schema import Config
-from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adamw
-from rlinf_jax.flow.plan import Program, Resident, laid_out, param_count
+from rlinf_jax.flow.plan import NotPlanned, Program, Resident, laid_out, param_count, with_unrolled_twins
 from rlinf_jax.policies.lm.hf_checkpoint import abstract_model, parse_dtype
 from rlinf_jax.rollout.sampler import bucket_length
 from rlinf_jax.sharding import (
@@ -47,24 +45,10 @@ def programs(cfg: Config, devices, twins: bool = True) -> tuple[list[Program], l
     return with_unrolled_twins(_programs, cfg, devices, twins)
 
 
-def with_unrolled_twins(build, cfg: Config, devices, twins: bool = True):
-    """``build(cfg, devices)``'s programs, residents and notes; with ``twins`` and a scanned
-    model, each program carries the same program built with the layers unrolled (lowered,
-    never compiled: where the planner counts FLOPs, since the compiler counts a loop once)."""
-    out, residents, notes = build(cfg, devices)
-    if cfg.actor.model.scan_layers and twins:
-        unrolled = copy.deepcopy(cfg)
-        unrolled.actor.model.scan_layers = False
-        twin = {(p.component, p.name): p for p in build(unrolled, devices)[0]}
-        for p in out:
-            p.twin = twin[(p.component, p.name)]
-    return out, residents, notes
-
-
 def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[str]]:
     m = cfg.actor.model
     if m.kind == "vla":
-        raise BadInput(
+        raise NotPlanned(
             "planning an sft run of actor.model.kind=vla (behaviour cloning on the tabletop) is not supported yet; "
             "the planner knows a language model's sft run"
         )

@@ -8,8 +8,10 @@ import time
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.host_loop import NothingToDo, enable_compilation_cache, open_run_dir
+from rlinf_jax.flow.plan import check_before_first_step
 from rlinf_jax.tasks.sft.lm import SFTTrainer
 from rlinf_jax.tasks.sft.lm_model import check_resume_layout
+from rlinf_jax.tasks.sft.plan import programs as plan_programs
 from rlinf_jax.tasks.sft.loop import LMLoop, LMRunSummary
 
 
@@ -22,6 +24,7 @@ def run_lm(cfg: Config, console=None) -> LMRunSummary | NothingToDo:
             return opened.done
         run_dir, resume_path = opened.run_dir, opened.resume_path
         check_resume_layout(cfg, resume_path)
+        check_before_first_step(cfg, lambda devices: plan_programs(cfg, devices, twins=False), console)
         trainer = SFTTrainer(cfg)
         result = LMLoop(cfg, trainer, run_dir, resume_path, console).run()
         return LMRunSummary.of(result, "sft", trainer.samples_per_iteration, time.perf_counter() - t_start)
