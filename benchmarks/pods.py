@@ -3,10 +3,11 @@ of docs/pods.md (memory per chip, predicted iteration, model FLOPs utilisation, 
 
     python benchmarks/pods.py                         # the default grid (about 4 min a plan here)
     python benchmarks/pods.py --recipes grpo_qwen2.5_7b --targets v5e:4x4 v5e:2x2
+    python benchmarks/pods.py --recipes ppo_pi0 ppo_openvla_7b --targets v5p:2x2x2
 
 Each row is one plan in this process: XLA's TPU compiler (libtpu) on abstract chips, no
-weights. The micro-batch follows the slice (``actor.micro_batch_size`` = the chips, so that
-every chip takes one row of it under FSDP) unless ``--micro`` fixes it. The last line is
+weights. A language model's micro-batch follows the slice (``actor.micro_batch_size`` = the
+chips, so that every chip takes one row of it under FSDP) unless ``--micro`` fixes it. The last line is
 the JSON of every row.
 """
 
@@ -27,7 +28,9 @@ TARGETS = ("v5e:2x4", "v5e:4x4", "v5e:8x8", "v5p:2x2x2", "v6e:2x4")
 
 def row(recipe: str, target: str, extra: list[str], micro: int | None) -> dict:
     chips = parse_target(target).chips
-    overrides = [f"actor.micro_batch_size={micro or chips}", *extra]
+    # A language model's micro-batch follows the slice; an embodied run's minibatches are its own.
+    lm = rj.load_config(recipe).runner.task in ("reasoning", "sft")
+    overrides = [*([f"actor.micro_batch_size={micro or chips}"] if lm else []), *extra]
     t0 = time.perf_counter()
     try:
         report = rj.plan(recipe, target, overrides)

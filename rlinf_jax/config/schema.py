@@ -323,8 +323,8 @@ class ClusterConfig:
     hang_timeout_s: float = 1800.0
     # Before the first step, on a backend that reports each device's memory (GPUs, TPUs):
     # compile the iteration's programs for the run's devices and refuse, in one line, a
-    # layout whose peak exceeds it (instead of failing out of memory minutes in). Reasoning
-    # runs; it costs one more compile of each program at start-up.
+    # layout whose peak exceeds it (instead of failing out of memory minutes in). Every
+    # layout the planner knows; it costs one more compile of each program at start-up.
     memory_check: bool = True
 
 

@@ -30,6 +30,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
+import jax
 from jax.experimental import topologies
 
 from rlinf_jax.accelerators import GPU_TARGET, tpu_chips_present
@@ -154,8 +155,6 @@ def _libtpu_quiet():
 
 def gpu_stand_ins(target: Target) -> list:
     """XLA's host devices standing in for a GPU target's GPUs (see the module docstring)."""
-    import jax
-
     cpus = jax.devices("cpu")
     if len(cpus) < target.chips:
         raise BadInput(
