@@ -279,10 +279,18 @@ def test_a_real_size_recipe_knows_its_published_architecture_without_weights():
 def test_a_real_size_vla_recipe_has_its_published_size_without_weights(recipe, published):
     from rlinf_jax.tasks.embodied.setup import make_setup
 
+    from flax import nnx
+
     setup = make_setup(rj.load_config(recipe), abstract=True)
     n = sum(x.size for x in jax.tree.leaves(setup.params))
     # OpenVLA-7B: 7.54 B (its towers' last blocks, never read, are not built); pi0: 3.3 B.
     assert n == pytest.approx(published, rel=0.03)
+    # The tabletop's observations go through it (traced, not run): one chunk of env actions
+    # per env, from both of OpenVLA's towers' copies of the image.
+    obs = jax.eval_shape(setup.env.reset, jax.random.PRNGKey(0)).obs
+    actions = jax.eval_shape(lambda p, o: setup.policy.act_deterministic(nnx.merge(setup.graphdef, p), o),
+                             setup.params, obs)
+    assert actions.shape == (setup.env.num_envs, setup.env.unwrapped.chunk_length, setup.env.action_size)
     with pytest.raises(BadInput, match="set env.image_size=224"):
         make_setup(rj.load_config(recipe, ["env.image_size=64"]), abstract=True)
 

@@ -173,7 +173,7 @@ def test_sampling_distribution_matches_hand_formula(temperature, top_k, top_p):
     n = 40_000
     u = jax.random.uniform(jax.random.key(1), (n,))
     choose = jax.jit(
-        lambda lg, u: sampler_lib._choose(
+        lambda lg, u: sampler_lib.choose_token(
             lg, u, jnp.float32(temperature), jnp.float32(top_p), greedy=False, top_k=top_k, use_top_p=top_p < 1
         )
     )

@@ -52,7 +52,8 @@ def gae(rewards, values, dones, last_value, gamma, lam, truncations=None, final_
 # --------------------------------------------------------------------------------------
 
 
-def _groups(rewards, group_size):
+def reward_groups(rewards, group_size):
+    """``rewards [N]`` as ``[N / group_size, group_size]``: the samples of one prompt per row."""
     rewards = jnp.asarray(rewards, jnp.float32)
     group_size = int(group_size)
     if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
@@ -70,7 +71,7 @@ def grpo(rewards, group_size, eps=1e-6, normalize_std=True):
     A group whose rewards are all equal (including group_size=1) gets exact zeros.
     Returns ``[N]``.
     """
-    g = _groups(rewards, group_size)
+    g = reward_groups(rewards, group_size)
     n = g.shape[1]
     mean = jnp.mean(g, axis=1, keepdims=True)
     centred = g - mean
@@ -96,7 +97,7 @@ def rloo(rewards, group_size):
 
     Needs group_size >= 2. Returns ``[N]``.
     """
-    g = _groups(rewards, group_size)
+    g = reward_groups(rewards, group_size)
     n = g.shape[1]
     if n < 2:
         raise ValueError("rloo needs group_size >= 2 (a leave-one-out baseline)")
@@ -170,7 +171,7 @@ def reinforce_pp_baseline(token_rewards, mask, group_size, gamma=1.0, eps=1e-8, 
     m = jnp.asarray(mask, jnp.float32)
     r = jnp.where(m > 0, r, 0.0)
     seq = jnp.sum(r, axis=1)
-    baseline = jnp.repeat(jnp.mean(_groups(seq, group_size), axis=1), int(group_size))
+    baseline = jnp.repeat(jnp.mean(reward_groups(seq, group_size), axis=1), int(group_size))
     L = r.shape[1]
     valid = m > 0
     last = L - 1 - jnp.argmax(valid[:, ::-1], axis=1)

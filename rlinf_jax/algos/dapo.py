@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from rlinf_jax.algos.advantages import _groups
+from rlinf_jax.algos.advantages import reward_groups
 
 
 def informative_groups(rewards, group_size):
@@ -25,5 +25,5 @@ def informative_groups(rewards, group_size):
 
     Per-sample mask: ``jnp.repeat(informative_groups(r, g), g)``.
     """
-    g = _groups(rewards, group_size)
+    g = reward_groups(rewards, group_size)
     return jnp.max(g, axis=1) != jnp.min(g, axis=1)

@@ -44,7 +44,7 @@ from flax import nnx
 
 from rlinf_jax.agents import CALL_CLOSE, step_batch
 from rlinf_jax.errors import BadInput
-from rlinf_jax.rollout.sampler import Sampler, _choose, _uniforms, bucket_length
+from rlinf_jax.rollout.sampler import Sampler, bucket_length, choose_token, token_uniforms
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def _turn(
 
     def record(s: _TurnState, logits):
         u = jax.lax.dynamic_index_in_dim(uniforms, s.step, axis=1, keepdims=False)
-        token, logp = _choose(logits, u, temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+        token, logp = choose_token(logits, u, temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
         going = ~s.done
         token = jnp.where(going, token, pad_id)
         logp = jnp.where(going, logp, 0.0)
@@ -221,7 +221,7 @@ def _grow(cache, key_mask, *, length):
     return cache.extend(extra), jnp.pad(key_mask, ((0, 0), (0, extra)))
 
 
-_turn_uniforms = jax.jit(_uniforms, static_argnames=("steps",))
+_turn_uniforms = jax.jit(token_uniforms, static_argnames=("steps",))
 
 
 @jax.jit

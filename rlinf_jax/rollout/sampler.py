@@ -184,7 +184,7 @@ def _inverse_cdf(weights, u):
     return block * C + jnp.clip(index, first, last)
 
 
-def _choose(logits, u, temperature, top_p, *, greedy, top_k, use_top_p):
+def choose_token(logits, u, temperature, top_p, *, greedy, top_k, use_top_p):
     """Next token and its log-prob for each row (``logits`` float32 ``[B, V]``, ``u [B]`` the
     rows' uniforms for this step)."""
     if greedy:
@@ -217,7 +217,7 @@ def _record(state: DecodeState, token, logp, stop_tokens, pad_id) -> DecodeState
     )
 
 
-def _uniforms(key, sample_ids, steps: int) -> jax.Array:
+def token_uniforms(key, sample_ids, steps: int) -> jax.Array:
     """``[B, steps]``: row b, step t draws ``uniform(fold_in(fold_in(key, sample_ids[b]), t))``.
 
     Drawn up front in one batched call rather than inside the decode loop.
@@ -257,7 +257,7 @@ def prefill_prompts(
         cache = cache.map_rows(rows)
         logits, key_mask, prompt_mask = rows(logits), rows(key_mask), rows(prompt_mask)
     B = U * group
-    uniforms = _uniforms(key, sample_ids, gen_len)
+    uniforms = token_uniforms(key, sample_ids, gen_len)
     state = DecodeState(
         cache=cache,
         key_mask=key_mask,
@@ -268,7 +268,8 @@ def prefill_prompts(
         done=jnp.zeros((B,), bool),
         step=jnp.zeros((), jnp.int32),
     )
-    token, logp = _choose(logits, uniforms[:, 0], temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+    token, logp = choose_token(logits, uniforms[:, 0], temperature, top_p, greedy=greedy, top_k=top_k,
+                               use_top_p=use_top_p)
     state = _record(state, token, logp, stop_tokens, pad_id)
     return state if layout is None else layout.pin_state(state)
 
@@ -293,7 +294,8 @@ def decode_tokens(
         positions = (s.prompt_lengths + s.step - 1)[:, None]
         logits, cache = model(last, s.key_mask, positions, cache=s.cache, cache_index=prompt_len + s.step - 1)
         u = jax.lax.dynamic_index_in_dim(s.uniforms, s.step, axis=1, keepdims=False)
-        token, logp = _choose(logits[:, 0], u, temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+        token, logp = choose_token(logits[:, 0], u, temperature, top_p, greedy=greedy, top_k=top_k,
+                                   use_top_p=use_top_p)
         s = _record(s._replace(cache=cache), token, logp, stop_tokens, pad_id)
         # The loop carry keeps the layout it came in with (the donated buffers are reused).
         return s if layout is None else layout.pin_state(s)

@@ -85,7 +85,8 @@ def openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAConfig
     first_action = config.action_vocab_end - config.n_action_bins
     if text_vocab > first_action:
         raise BadInput(
-            f"the env's {text_vocab} instruction ids overlap {model_cfg.architecture}'s action ids (from {first_action})"
+            f"the env's {text_vocab} instruction ids overlap {model_cfg.architecture}'s action ids "
+            f"(from {first_action})"
         )
     return config
 
@@ -145,7 +146,8 @@ class ChunkActorCritic(nnx.Module):
         if self.oft.vla.config.fused:
             # Prismatic's two towers each read their own copy: DINOv2's normalised with
             # ImageNet's statistics, then SigLIP's.
-            pixels = jnp.concatenate([(pixels - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD), pixels * 2.0 - 1.0], axis=-1)
+            dino = (pixels - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD)
+            pixels = jnp.concatenate([dino, pixels * 2.0 - 1.0], axis=-1)
         else:
             pixels = pixels * 2.0 - 1.0  # SigLIP's [-1, 1] input range
         valid = tokens != 0  # the instruction vocabulary pads with id 0, on the right
