@@ -243,7 +243,7 @@ def test_behaviour_cloning_fits_the_expert_bins():
 def test_dagger_labels_the_policys_own_states_with_the_experts_chunks():
     from rlinf_jax.envs.tabletop import episode_id
     from rlinf_jax.envs.tabletop.expert import expert_actions
-    from rlinf_jax.rollout.visits import policy_visits
+    from rlinf_jax.envs.tabletop.visits import policy_visits
     from rlinf_jax.tasks.embodied.cloning import dagger_clone
 
     cfg, policy, model = _policy()

@@ -19,7 +19,7 @@ from rlinf_jax.algos.imitation import discounted_returns, flow_matching_times, t
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adam, guarded_update
-from rlinf_jax.rollout.visits import (
+from rlinf_jax.envs.tabletop.visits import (
     OBS_KEYS,
     STEP_KEYS,
     dagger_capacity,

@@ -22,7 +22,7 @@ from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES
 from rlinf_jax.config import load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.rollout.visits import expert_demos
+from rlinf_jax.envs.tabletop.visits import expert_demos
 from rlinf_jax.runtime import find_checkpoint, restore_checkpoint
 from rlinf_jax.tasks.embodied import cloning
 from rlinf_jax.tasks.embodied.setup import Setup, make_setup

@@ -28,7 +28,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.flow.trainer import Trainer
-from rlinf_jax.rollout import visits
+from rlinf_jax.envs.tabletop import visits
 from rlinf_jax.sharding.mesh import fetch
 from rlinf_jax.tasks.embodied import cloning
 from rlinf_jax.tasks.embodied.layouts import placed_trainer

@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rlinf_jax.envs.tabletop import TabletopEnv, collect_demos, demo_dataset, episode_id, expert_actions
+from rlinf_jax.envs.tabletop.env import TabletopEnv
+from rlinf_jax.envs.tabletop.episodes import episode_id
+from rlinf_jax.envs.tabletop.expert import collect_demos, demo_dataset, expert_actions
 from rlinf_jax.errors import BadInput
 
 # What one demonstration step holds: the policy's observation parts and the expert's chunk.
