@@ -40,7 +40,8 @@ from jax._src.lib import _jax  # hlo_module_cost_analysis: no public API costs a
 from jax.experimental.compilation_cache import compilation_cache
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.sharding import resolve_num_devices
+from rlinf_jax.flow import runners
+from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.sharding.targets import GIB, GPU_ESTIMATE_NOTE, Chip, Target
 
 # Left free on every chip for what no program accounts for: the runtime's own buffers,
@@ -130,6 +131,25 @@ class ProgramReport:
         if self.refused:
             out["refused"] = self.refused
         return out
+
+
+def fused_layout(cfg, components: Sequence[str], devices, workload: str):
+    """``(placement, the actor's mesh)`` of a run whose fused trainer the planner lays out
+    (every component collocated, on-policy, one micro-batch); `NotPlanned` for a layout that
+    runs as stages, and for ``auto``, which `rlinf_jax.api.plan` plans layout by layout (the
+    check before a run's first step cannot)."""
+    if cfg.cluster.component_placement == "auto":
+        raise NotPlanned("cluster.component_placement=auto is planned layout by layout: plan a named one")
+    placement = resolve_placement(cfg.cluster.component_placement, components, len(devices), cfg.cluster.mesh)
+    if not runners.fused(cfg.flow, placement):
+        f = cfg.flow
+        raise NotPlanned(
+            f"planning {workload} plans the fused trainer (every component collocated, flow.num_micro_batches=1, "
+            f"flow.max_staleness=0); this layout ({placement.mode}, {f.num_micro_batches} micro-batch(es), "
+            f"staleness {f.max_staleness}, flow.runner={f.runner}) runs as stages, which the planner does not know "
+            "yet: plan it with cluster.component_placement=collocated"
+        )
+    return placement, component_mesh(placement, "actor", devices)
 
 
 def with_unrolled_twins(build, cfg, devices, twins: bool = True):
@@ -483,6 +503,6 @@ def check_before_first_step(cfg, programs_on: Callable, console=None) -> PlanRep
         if say is not None:
             say(f"skipped: {e}")
         return None
-    if say is not None and report is not None:
+    if say is not None:
         say(report.verdict())
     return report

@@ -30,10 +30,8 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
-from rlinf_jax.flow import runners
-from rlinf_jax.flow.plan import NotPlanned, Program, Resident, laid_out, with_unrolled_twins
+from rlinf_jax.flow.plan import NotPlanned, Program, Resident, fused_layout, laid_out, with_unrolled_twins
 from rlinf_jax.rollout import unroll
-from rlinf_jax.sharding import component_mesh, resolve_placement
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.setup import make_setup
@@ -58,18 +56,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
             f"planning an embodied run on a host simulator (env.suite={e.suite}) is not supported: its envs step in "
             "worker processes on the host's CPUs, outside any program a TPU runs"
         )
-    if cfg.cluster.component_placement == "auto":
-        # `rj.plan` plans each layout in turn; the check before a run's first step cannot.
-        raise NotPlanned("cluster.component_placement=auto is planned layout by layout: plan a named one")
-    placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, len(devices), cfg.cluster.mesh)
-    if not runners.fused(cfg.flow, placement):
-        raise NotPlanned(
-            f"planning an embodied run plans the fused trainer (every component collocated, flow.num_micro_batches=1, "
-            f"flow.max_staleness=0); this layout ({placement.mode}, {cfg.flow.num_micro_batches} micro-batch(es), "
-            f"staleness {cfg.flow.max_staleness}, flow.runner={cfg.flow.runner}) runs as stages, which the planner "
-            "does not know yet: plan it with cluster.component_placement=collocated"
-        )
-    mesh = component_mesh(placement, "actor", devices)
+    placement, mesh = fused_layout(cfg, COMPONENTS, devices, "an embodied run")
     setup = make_setup(cfg, abstract=True)
     trainer = PPOTrainer(cfg, setup, mesh)  # checks that the env batches split over the mesh
     state = jax.eval_shape(trainer.fresh_state, setup.params)
@@ -83,11 +70,9 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     # The policy's own FLOPs, counting every parameter (policy and value networks) per
     # sample: a forward pass on every step of the rollout, forward and backward on every
     # sample of every epoch. The simulator's work is no model's.
-    train_flops = 2.0 * n_params * B * T * (1 + 3 * s.update_epochs)
-    if cfg.actor.model.kind != "mlp":
-        # A VLA's sample is hundreds of tokens through each of its towers and LMs (and pi0's
-        # expert at every denoising step): not counted yet, so no utilisation is claimed.
-        train_flops = 0.0
+    # A VLA's sample is hundreds of tokens through each of its towers and LMs (and pi0's
+    # expert at every denoising step): not counted yet, so no utilisation is claimed.
+    train_flops = 2.0 * n_params * B * T * (1 + 3 * s.update_epochs) if cfg.actor.model.kind == "mlp" else 0.0
     iteration = Program(
         COMPONENT, "iteration", trainer.run_chunk, (state, jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)),
         model_flops=train_flops, holds=("policy", "optimizer", "env state"),

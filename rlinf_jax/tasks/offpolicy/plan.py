@@ -26,9 +26,7 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
-from rlinf_jax.flow import runners
-from rlinf_jax.flow.plan import NotPlanned, Program, Resident, laid_out, param_count
-from rlinf_jax.sharding import component_mesh, resolve_placement
+from rlinf_jax.flow.plan import NotPlanned, Program, Resident, fused_layout, laid_out, param_count
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.config import COMPONENTS
@@ -47,18 +45,7 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
             f"planning an off-policy run on a host simulator (env.suite={e.suite}) is not supported: its envs step "
             "in worker processes on the host's CPUs, outside any program a TPU runs"
         )
-    if cfg.cluster.component_placement == "auto":
-        # `rj.plan` plans each layout in turn; the check before a run's first step cannot.
-        raise NotPlanned("cluster.component_placement=auto is planned layout by layout: plan a named one")
-    placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, len(devices), cfg.cluster.mesh)
-    if not runners.fused(cfg.flow, placement):
-        raise NotPlanned(
-            f"planning an off-policy run plans the fused trainer (every component collocated, "
-            f"flow.max_staleness=0); this layout ({placement.mode}, staleness {cfg.flow.max_staleness}, "
-            f"flow.runner={cfg.flow.runner}) runs as stages, which the planner does not know yet: plan it with "
-            "cluster.component_placement=collocated"
-        )
-    mesh = component_mesh(placement, "actor", devices)
+    placement, mesh = fused_layout(cfg, COMPONENTS, devices, "an off-policy run")
     setup = make_setup(cfg)
     trainer = OffPolicyTrainer(cfg, setup, mesh)  # checks that the env batches split over the mesh
     state = jax.eval_shape(trainer.fresh_state)
