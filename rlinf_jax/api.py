@@ -207,8 +207,11 @@ class Metrics(list):
     def plot(self, *keys: str, x: str = "step", ax=None, title: str | None = None):
         """One line per key (default ``eval/return``) against ``x`` (the iteration, or another
         metric logged with them such as ``env/steps``) on ``ax`` (a new figure without one);
-        returns the axes."""
+        a run of seeds side by side draws the mean with its 95% interval as a band; returns
+        the axes."""
         import matplotlib.pyplot as plt
+
+        from rlinf_jax.runtime.metrics import CI, SEED
 
         if ax is None:
             # Laid out when drawn, so the axis labels stay inside the figure a savefig writes.
@@ -217,7 +220,14 @@ class Metrics(list):
             self.column(key)  # a key the run never logged is named, not drawn empty
             rows = [r for r in self if key in r and x in r]
             xs, ys = [r[x] for r in rows], [r[key] for r in rows]
-            ax.plot(xs, ys, marker="o" if len(rows) < 30 else None, label=key)
+            line, = ax.plot(xs, ys, marker="o" if len(rows) < 30 else None, label=key)
+            band = [r for r in rows if key + CI in r]
+            if band:  # seeds side by side: the mean's 95% interval as a band
+                lo = [r[key] - r[key + CI] for r in band]
+                hi = [r[key] + r[key + CI] for r in band]
+                runs = sum(1 for k in band[-1] if k.startswith(key + SEED))
+                ax.fill_between([r[x] for r in band], lo, hi, color=line.get_color(), alpha=0.2,
+                                label=f"95% interval ({runs} seeds)")
         ax.set_xlabel("iteration" if x == "step" else x)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -94,6 +94,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "devices(n): run the test in a child pytest that sees n fake CPU devices")
 
 
+def pytest_collection_modifyitems(config, items):
+    # The fast tier: every test that is neither slow nor multiprocess is a unit test.
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("multiprocess") is None:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     marker = pyfuncitem.get_closest_marker("devices")

@@ -27,7 +27,8 @@ from tests.test_launch import _assert_close, _error_lines, _launch
 pytest.importorskip("gymnasium")
 
 # One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
-pytestmark = pytest.mark.xdist_group("ray")
+# Several JAX processes (a multi-host run on this machine): the multiprocess tier.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.multiprocess]
 ray_address = test_launch.ray_address
 
 RUN = [

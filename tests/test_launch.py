@@ -32,7 +32,8 @@ from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY, clean_env, forced_devices_env, run_child
 
 # One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
-pytestmark = pytest.mark.xdist_group("ray")
+# Several JAX processes (a multi-host run on this machine): the multiprocess tier.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.multiprocess]
 
 # 8 iterations of 16 envs x 16 steps, a checkpoint every 2: enough to kill a process after
 # the first checkpoint and before the end.

@@ -29,7 +29,8 @@ from tests.test_launch import _assert_close, _launch
 from tests.test_reasoning_flow import TINY_LM
 
 # One local Ray instance at a time: with pytest-xdist (--dist loadgroup) these tests share a worker.
-pytestmark = pytest.mark.xdist_group("ray")
+# Several JAX processes (a multi-host run on this machine): the multiprocess tier.
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.multiprocess]
 
 # The embodied launcher tests' local Ray cluster (4 logical CPUs, bound to localhost).
 ray_address = test_launch.ray_address

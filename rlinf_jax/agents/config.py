@@ -14,6 +14,23 @@ ENVS = ("tools", "skyrl")
 FACTS = "facts"
 
 
+@dataclass(frozen=True)
+class TurnLimits:
+    """How long an agentic episode may run: the one place the limits are checked. The
+    environment ends an episode after ``max_turns`` model turns and the rollout runs at most
+    as many, both read from here (`AgentConfig.limits`)."""
+
+    max_turns: int = 4
+    max_turn_tokens: int = 32  # model tokens per turn
+    max_observation_tokens: int = 24  # tokens of one observation (longer ones are cut)
+    max_episode_tokens: int = 128  # model + observation tokens after the prompt
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_turn_tokens", "max_observation_tokens", "max_episode_tokens"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"agent.{name}={getattr(self, name)} must be >= 1")
+
+
 @dataclass
 class AgentConfig:
     # Off: the single-turn reasoning rollout. On: episodes of model turns and tool results.
@@ -53,9 +70,9 @@ class AgentConfig:
             raise BadInput(f"agent.tools has unknown tools {unknown}; choose from {', '.join(TOOLS)}")
         if "search" in self.tools and not self.search_documents:
             raise BadInput("agent.tools has search but agent.search_documents is empty; point it at the documents")
-        for name in ("max_turns", "max_turn_tokens", "max_observation_tokens", "max_episode_tokens", "search_top_k"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"agent.{name}={getattr(self, name)} must be >= 1")
+        self.limits()
+        if self.search_top_k < 1:
+            raise BadInput(f"agent.search_top_k={self.search_top_k} must be >= 1")
         if self.tool_timeout_s <= 0:
             raise BadInput(f"agent.tool_timeout_s={self.tool_timeout_s} must be positive")
         if self.num_workers < 0:
@@ -63,3 +80,7 @@ class AgentConfig:
         if self.advantage_mode not in ADVANTAGE_MODES:
             raise BadInput(f"agent.advantage_mode={self.advantage_mode!r}; use one of {', '.join(ADVANTAGE_MODES)}")
         return self
+
+    def limits(self) -> TurnLimits:
+        """The episode limits, checked (the environment and the rollout read them from here)."""
+        return TurnLimits(self.max_turns, self.max_turn_tokens, self.max_observation_tokens, self.max_episode_tokens)

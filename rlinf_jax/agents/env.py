@@ -62,9 +62,7 @@ class ToolEnv:
     """
 
     def __init__(self, executor: ToolExecutor, max_turns: int = 4, checker: Callable[[str, str], float] | None = None):
-        if max_turns < 1:
-            raise BadInput(f"max_turns={max_turns} must be >= 1")
-        self.executor, self.max_turns = executor, int(max_turns)
+        self.executor, self.max_turns = executor, int(max_turns)  # checked with the limits (`TurnLimits`)
         self.checker = checker if checker is not None else _default_checker
         self.answer, self.turn = None, 0
 

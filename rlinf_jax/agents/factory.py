@@ -25,6 +25,6 @@ def env_factory(cfg: AgentConfig, executor: ToolExecutor | None) -> Callable[[],
     if uses_tools(cfg):
         if executor is None:
             raise ValueError("agent.env=tools needs the tool executor")
-        return lambda: ToolEnv(executor, cfg.max_turns)
+        return lambda: ToolEnv(executor, cfg.limits().max_turns)
     check_env_id(cfg.skyrl_env)
-    return lambda: SkyRLTextEnv(cfg.skyrl_env, cfg.max_turns, cfg.skyrl_env_config)
+    return lambda: SkyRLTextEnv(cfg.skyrl_env, cfg.limits().max_turns, cfg.skyrl_env_config)

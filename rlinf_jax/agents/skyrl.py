@@ -55,8 +55,7 @@ class SkyRLTextEnv:
     """One SkyRL-gym ``BaseTextEnv`` per episode behind the ``reset`` / ``step`` protocol."""
 
     def __init__(self, env_id: str, max_turns: int, env_config: dict | None = None):
-        if max_turns < 1:
-            raise BadInput(f"max_turns={max_turns} must be >= 1")
+        # max_turns: checked with the episode limits (`agents.config.TurnLimits`).
         self.env_id, self.max_turns, self.env_config = env_id, int(max_turns), dict(env_config or {})
         self.env = None
 

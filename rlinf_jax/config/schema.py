@@ -26,6 +26,12 @@ class RunnerConfig:
     output_dir: str = "runs"
     experiment_name: str = "ppo_brax_inverted_pendulum"
     seed: int = 0
+    # Seeds side by side (embodied and off-policy fused runs): this many independent runs
+    # of the recipe in one program, seeded runner.seed, runner.seed + 1, ...; or the seeds
+    # listed in runner.seeds. Metrics are logged per seed and as a mean with its 95%
+    # interval (docs/seeds.md).
+    num_seeds: int = 1
+    seeds: list[int] = field(default_factory=list)
     # Training iterations (one iteration = one rollout of the env batch + its PPO update).
     max_steps: int = 100
     # Iterations between checkpoints / evaluations; 0 disables (a final one still happens).

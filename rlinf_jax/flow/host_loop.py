@@ -35,6 +35,7 @@ import jax
 from rlinf_jax.config import config_to_yaml
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow import seeds
 from rlinf_jax.flow.progress import ProgressBar
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.runtime import Checkpointer, MetricsLogger, RunDir, list_steps, read_metrics, resolve_resume
@@ -73,7 +74,7 @@ def enable_compilation_cache(directory: str) -> None:
 
 def eval_key(cfg: Config, step: int):
     """The evaluation's key at ``step``: the same whatever the chunking or resume point."""
-    return jax.random.fold_in(jax.random.PRNGKey(cfg.runner.seed + 1), step)
+    return seeds.eval_key(cfg.runner.seed, step)
 
 
 def checkpoint_view(snapshot):

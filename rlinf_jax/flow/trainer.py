@@ -16,6 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class Trainer(Protocol):
+    # Independent runs the trainer trains side by side (seeds, `flow.seeds`): what the
+    # loops multiply a run's steps by for the machine's throughput.
+    num_runs: int = 1
+
     def init(self) -> Any:
         """The state of step 0 (fresh parameters, or a warm start's), placed on devices."""
 

@@ -43,21 +43,9 @@ import numpy as np
 from flax import nnx
 
 from rlinf_jax.agents import CALL_CLOSE, step_batch
+from rlinf_jax.agents.config import TurnLimits
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rollout.sampler import Sampler, bucket_length, choose_token, token_uniforms
-
-
-@dataclass(frozen=True)
-class TurnLimits:
-    max_turns: int = 4
-    max_turn_tokens: int = 32  # model tokens per turn
-    max_observation_tokens: int = 24  # tokens of one observation (longer ones are cut)
-    max_episode_tokens: int = 128  # model + observation tokens after the prompt
-
-    def __post_init__(self):
-        for name in ("max_turns", "max_turn_tokens", "max_observation_tokens", "max_episode_tokens"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"{name}={getattr(self, name)} must be >= 1")
 
 
 class Episodes(NamedTuple):

@@ -23,6 +23,11 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.files import write_atomic
 from rlinf_jax.runtime.run_dir import RunDir
 
+# How a run of seeds side by side (`flow.seeds`) names its metrics beside the mean ``key``:
+# ``key@ci95`` the half-width of its 95% interval, ``key@seedS`` the run of seed S.
+CI = "@ci95"
+SEED = "@seed"
+
 _writer_ids = itertools.count()
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 

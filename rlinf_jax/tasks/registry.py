@@ -15,12 +15,15 @@ from rlinf_jax.config.loader import compose
 from rlinf_jax.config.reads import Reads, check_reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.seeds import resolve_seeds
 from rlinf_jax.tasks.embodied import config as embodied_config
 from rlinf_jax.tasks.offpolicy import config as offpolicy_config
 from rlinf_jax.tasks.reasoning import config as reasoning_config
 from rlinf_jax.tasks.sft import config as sft_config
 from rlinf_jax.tasks.sft import lm as sft_lm
 
+# The tasks whose fused runs train several seeds side by side (`flow.seeds`).
+SEED_BATCHES = ("embodied", "offpolicy")
 
 # Each task's run is imported on its first call: a run reaches its simulators and models
 # (MuJoCo's MJX, Brax, the LM stack: seconds of imports), which checking a config, or
@@ -171,6 +174,11 @@ def load_run_config(config_name: str, overrides=(), config_dir=None, warn=None) 
     task = task_of(cfg)
     task.resolve(cfg, origins.overridden)
     task.check(cfg)
+    if len(resolve_seeds(cfg.runner)) > 1 and task.name not in SEED_BATCHES:
+        raise BadInput(
+            f"runner.seeds / runner.num_seeds train several runs side by side in {' and '.join(SEED_BATCHES)} runs; "
+            f"a {task.name} run trains one: remove them"
+        )
     note = check_reads(cfg, origins, task.reads(cfg), task.describe(cfg))
     if note is not None and warn is not None:
         warn(note)

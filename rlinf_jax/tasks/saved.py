@@ -17,7 +17,7 @@ import jax
 from rlinf_jax.config import load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.host_loop import eval_key
+from rlinf_jax.flow.seeds import SeedBatch, resolve_seeds, unstack
 from rlinf_jax.runtime import find_checkpoint
 from rlinf_jax.runtime.checkpoint import ResumePoint
 from rlinf_jax.tasks.embodied import evaluate as embodied_eval
@@ -53,14 +53,20 @@ class RestoredPolicy:
         return self.act(obs)
 
 
+def first_run(trainer, state):
+    """A trainer and state of one run: for seeds side by side the first seed's."""
+    return (trainer.member, unstack(state, 0)) if isinstance(trainer, SeedBatch) else (trainer, state)
+
+
 def restore_policy(path, overrides=()) -> RestoredPolicy:
+    """The policy of a checkpoint (for seeds side by side, the first seed's run)."""
     point, cfg = run_config(path, overrides)
     if cfg.runner.task == "offpolicy":
-        trainer, state = offpolicy_eval.restore(point, cfg)
+        trainer, state = first_run(*offpolicy_eval.restore(point, cfg))
         act = offpolicy_lib.greedy(trainer.learner, state.actor, state.obs_stats)
         sample = offpolicy_lib.acting(trainer.learner, state.actor, state.obs_stats)
     else:
-        trainer, state = embodied_eval.restore(point, cfg)
+        trainer, state = first_run(*embodied_eval.restore(point, cfg))
         act = trainer.deterministic(state.params, state.obs_stats)
         acting = trainer.policy_fn(state.params, state.obs_stats)
         sample = lambda obs, keys: acting(obs, keys)[0]  # noqa: E731  (the env action of (action, raw, logprob))
@@ -75,7 +81,7 @@ def evaluate_run(path, overrides=(), seed: int | None = None, strip=None, strip_
     the numbers are the ones the run logged there; a ``seed`` draws other episodes. The
     result's ``protocol`` says which."""
     point, cfg = run_config(path, overrides)
-    key = eval_key(cfg, point.step) if seed is None else jax.random.PRNGKey(seed)
+    key = None if seed is None else jax.random.PRNGKey(seed)  # None: the run's own evaluation
     if cfg.runner.task == "offpolicy":
         if strip is not None:
             raise BadInput("--strip needs an env with image observations; off-policy runs have flat ones")
@@ -89,6 +95,8 @@ def evaluate_run(path, overrides=(), seed: int | None = None, strip=None, strip_
         "episodes": cfg.env.num_eval_envs,
         "seed": seed,
         "protocol": protocol(step, seed, overrides),
+        # Seeds side by side: every run's evaluation, and their mean with its interval.
+        **({"runs": list(resolve_seeds(cfg.runner))} if len(resolve_seeds(cfg.runner)) > 1 else {}),
         **metrics,
     }
 

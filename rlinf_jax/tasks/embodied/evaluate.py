@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rlinf_jax.config.schema import Config, FlowConfig
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.host_loop import eval_key
+from rlinf_jax.flow.seeds import SeedBatch, seed_keys, unstack
 from rlinf_jax.runtime import restore_checkpoint
 from rlinf_jax.runtime.media import write_png
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
@@ -36,16 +38,24 @@ def restore(point, cfg: Config):
     return trainer, state
 
 
-def evaluate(point, cfg: Config, key, strip=None, strip_episodes: int = 4) -> tuple[int, dict]:
+def evaluate(point, cfg: Config, key=None, strip=None, strip_episodes: int = 4) -> tuple[int, dict]:
     """``(step, eval metrics)`` of the checkpoint at ``point`` (a `ResumePoint`) of a run
-    with config ``cfg``, its episodes drawn from ``key``; with ``strip``, the metrics also
-    name a PNG of the first ``strip_episodes`` episodes (image envs)."""
+    with config ``cfg``, its episodes drawn from ``key`` (None: the run's own evaluation
+    at that step); with ``strip``, the metrics also name a PNG of the first
+    ``strip_episodes`` episodes (image envs). A checkpoint of seeds side by side gives
+    each run's evaluation and their mean with its interval (`flow.seeds`)."""
     if strip is not None and Path(strip).exists():
         raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer, state = restore(point, cfg)
     try:  # a host simulator's evaluation starts worker processes
-        metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, key).items()}
+        if isinstance(trainer, SeedBatch):
+            metrics = trainer.evaluate_runs(state, trainer.eval_keys(state) if key is None else seed_keys(trainer, key))
+            state, trainer = unstack(state, 0), trainer.member  # the first run's strip
+        else:
+            key = eval_key(cfg, int(state.step)) if key is None else key
+            metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, key).items()}
         if strip is not None:
+            key = eval_key(cfg, int(state.step)) if key is None else key
             metrics["strip"] = str(save_strip(trainer, state, cfg, key, strip, strip_episodes))
     finally:
         trainer.close()

@@ -8,6 +8,7 @@ import jax
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
+from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
@@ -33,6 +34,7 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         placement = resolve_placement("collocated", COMPONENTS, num_devices, cfg.cluster.mesh)
     elif placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
+    seeds = resolve_seeds(cfg.runner)
     if is_host_suite(cfg.env):
         # A host simulator steps outside jit: its own host-stepped runner, pipelined by
         # flow.num_micro_batches, with the same PPO maths.
@@ -43,4 +45,18 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         trainer = StagedPPO(cfg, setup, placement, devices)
     trainer.placement = placement
     trainer.auto_plan = None
-    return trainer
+    return seed_batch(trainer, seeds, lambda: why_not_batched(cfg, setup, trainer))
+
+
+def why_not_batched(cfg: Config, setup: Setup, trainer) -> str | None:
+    """What keeps the run from training its seeds side by side (None: nothing)."""
+    if is_host_suite(cfg.env):
+        return f"{cfg.env.suite} simulators step in worker processes, outside the program: run one seed per run"
+    if not isinstance(trainer, PPOTrainer):
+        return ("it needs cluster.component_placement=collocated, flow.num_micro_batches=1 and flow.max_staleness=0 "
+                "(got a staged layout)")
+    if setup.warm_start_metrics is not None:
+        return "a warm start (cloning, or actor.model.path) is made for one seed: run one seed per run"
+    if cfg.actor.model.matmul != "xla":
+        return f"actor.model.matmul={cfg.actor.model.matmul} products do not batch over seeds: use actor.model.matmul=xla"
+    return None

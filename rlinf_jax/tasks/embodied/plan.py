@@ -59,7 +59,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     placement, mesh = fused_layout(cfg, COMPONENTS, devices, "an embodied run")
     setup = make_setup(cfg, abstract=True)
     trainer = PPOTrainer(cfg, setup, mesh)  # checks that the env batches split over the mesh
-    state = jax.eval_shape(trainer.fresh_state, setup.params)
+    state = jax.eval_shape(trainer.state_around, setup.params)
     state = laid_out(state, trainer.shardings(state))
     rep = replicated(mesh)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)

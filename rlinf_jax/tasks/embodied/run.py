@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.tabletop import SPLITS
+from rlinf_jax.flow import seeds
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, eval_key, open_run_dir
 from rlinf_jax.flow.plan import check_before_first_step
 from rlinf_jax.runtime.distributed import is_primary
@@ -35,11 +36,15 @@ class RunSummary:
     resumed_from: int | None
     # Success per split of a benchmark that has them (the VLA tabletop): what its runs are judged by.
     eval_success: dict[str, float] | None = None
+    # Seeds side by side: the last evaluation's metrics, each over the seeds (`flow.seeds`).
+    last_eval: dict | None = None
 
     def text(self) -> str:
         # A tabletop's returns are fractions of the shaped reward: a rounded one says nothing.
         ret = "n/a" if self.eval_return is None else f"{self.eval_return:.3g}" if self.eval_success else (
             f"{self.eval_return:.1f}")
+        if self.last_eval is not None and "eval/return" + seeds.CI in self.last_eval:
+            ret = seeds.described(self.last_eval, "eval/return", ".3g" if self.eval_success else ".1f")
         success = "" if not self.eval_success else "  final eval success " + ", ".join(
             f"{split} {value:.3f}" for split, value in self.eval_success.items()) + "\n"
         resumed = "" if self.resumed_from is None else f" (resumed from step {self.resumed_from})"
@@ -72,7 +77,7 @@ def placement_info(trainer, measured: float | None = None) -> dict:
 def split_success(evaluation: dict | None) -> dict[str, float] | None:
     """``{split: success}`` of an evaluation of a benchmark with splits, else None."""
     prefix = "eval/success/"
-    found = {k[len(prefix):]: v for k, v in (evaluation or {}).items() if k.startswith(prefix)}
+    found = {k[len(prefix):]: v for k, v in (evaluation or {}).items() if k.startswith(prefix) and "@" not in k}
     return found or None
 
 
@@ -128,7 +133,8 @@ class EmbodiedLoop(HostLoop):
 
     def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
         per_iteration = self.trainer.env_steps_per_iteration
-        metrics["time/env_steps_per_sec"] = n * per_iteration / dt
+        # The machine's throughput: every run of a seed batch steps its own envs.
+        metrics["time/env_steps_per_sec"] = n * per_iteration * self.trainer.num_runs / dt
         plan = self.trainer.auto_plan
         if plan is not None and first_chunk:
             # The plan's prediction next to what the first chunk actually ran at.
@@ -166,4 +172,5 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
             wall_sec=time.perf_counter() - t_start,
             resumed_from=result.resumed_from,
             eval_success=split_success(result.last_eval),
+            last_eval=result.last_eval,
         )

@@ -61,6 +61,12 @@ def make_setup(cfg: Config, abstract: bool = False) -> Setup:
     return Setup(env, eval_env, policy, graphdef, params)
 
 
+def fresh_params(setup: Setup, seed: int):
+    """A fresh model's parameters seeded with ``seed`` (what `make_setup` builds for a run
+    whose ``runner.seed`` is ``seed``)."""
+    return nnx.split(setup.policy.build(nnx.Rngs(seed)))[1]
+
+
 def substeps(cfg: Config, env: Env) -> int:
     """Simulator steps per policy step: repeated actions, or the sub-steps of a chunk."""
     return cfg.env.action_repeat * int(getattr(env.unwrapped, "chunk_length", 1))

@@ -54,7 +54,7 @@ def check_batch(cfg: Config, setup: Setup, mesh) -> None:
 class PPOTrainer(Trainer):
     def __init__(self, cfg: Config, setup: Setup, mesh):
         check_batch(cfg, setup, mesh)
-        self.cfg, self.mesh = cfg, mesh
+        self.cfg, self.mesh, self.setup = cfg, mesh, setup
         self._frames_fns: dict = {}
         self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy
         self.graphdef, self._init_params = setup.graphdef, setup.params
@@ -74,16 +74,32 @@ class PPOTrainer(Trainer):
             self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
             mb_sharding,
         )
-        self.run_chunk = jax.jit(functools.partial(ppo.run_chunk, self.env, self.learner), donate_argnums=0)
+        # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
+        self.chunk_fn = functools.partial(ppo.run_chunk, self.env, self.learner)
+        self.chunk_args = ()
+        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
         self.evaluate = jax.jit(self._evaluate)
 
     # ----------------------------------------------------------------- state
     def init(self) -> TrainState:
-        # Fresh buffers: the chunk donates its state, and init() may be called again.
-        return self.place(self.fresh_state(jax.tree.map(jnp.copy, self._init_params)))
+        return self.place(self.fresh_state())
 
-    def fresh_state(self, params) -> TrainState:
-        return fresh_state(self.cfg.runner.seed, self.env, self.policy.normalizable_observations, params, self.tx)
+    def fresh_state(self, seed: int | None = None) -> TrainState:
+        """A run's state of step 0, unplaced: the setup's parameters for ``runner.seed``
+        (the default), a fresh model's for another ``seed``."""
+        seed = self.cfg.runner.seed if seed is None else seed
+        params = self._init_params if seed == self.cfg.runner.seed else setup_lib.fresh_params(self.setup, seed)
+        # Fresh buffers: the chunk donates its state, and init() may be called again.
+        return self.state_around(jax.tree.map(jnp.copy, params), seed)
+
+    def state_around(self, params, seed: int | None = None) -> TrainState:
+        """The state of step 0 around ``params`` (real or abstract: the planner's)."""
+        seed = self.cfg.runner.seed if seed is None else seed
+        return fresh_state(seed, self.env, self.policy.normalizable_observations, params, self.tx)
+
+    def complete(self, restored: TrainState) -> TrainState:
+        """A checkpoint's state as the running state (it holds everything), unplaced."""
+        return restored
 
     def place(self, ts: TrainState) -> TrainState:
         """Splits the env batch over the batch axes, lays parameters and optimiser state
@@ -113,7 +129,7 @@ class PPOTrainer(Trainer):
     # ---------------------------------------------------------- trainer protocol
     def start(self, ts: TrainState) -> TrainState:
         """A (restored) checkpoint state -> the runner's state, placed on devices."""
-        return self.place(ts)
+        return self.place(self.complete(ts))
 
     def progress(self, ts: TrainState) -> tuple[int, int]:
         return int(ts.step), int(ts.bad_iterations)
@@ -131,6 +147,10 @@ class PPOTrainer(Trainer):
 
     def flow_stats(self) -> dict[str, float]:
         return {}
+
+    def eval_fn(self, ts: TrainState, key) -> dict:
+        """The evaluation of a state's policy (pure: a seed batch vmaps it)."""
+        return self._evaluate(ts.params, ts.obs_stats, key)
 
     # -------------------------------------------------------------- evaluation
     def deterministic(self, params, stats):

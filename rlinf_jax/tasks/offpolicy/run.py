@@ -14,6 +14,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.flow.plan import check_before_first_step
+from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
@@ -46,7 +47,18 @@ def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=No
     else:
         trainer = StagedOffPolicy(cfg, setup, placement, devices)
     trainer.placement = placement
-    return trainer
+    return seed_batch(trainer, resolve_seeds(cfg.runner), lambda: why_not_batched(cfg, trainer))
+
+
+def why_not_batched(cfg: Config, trainer) -> str | None:
+    """What keeps the run from training its seeds side by side (None: nothing)."""
+    if is_host_suite(cfg.env):
+        return f"{cfg.env.suite} simulators step in worker processes, outside the program: run one seed per run"
+    if not isinstance(trainer, OffPolicyTrainer):
+        return ("it needs cluster.component_placement=collocated and flow.max_staleness=0 (got a staged layout)")
+    if cfg.actor.model.matmul != "xla":
+        return f"actor.model.matmul={cfg.actor.model.matmul} products do not batch over seeds: use actor.model.matmul=xla"
+    return None
 
 
 class OffPolicyLoop(HostLoop):
@@ -70,8 +82,9 @@ class OffPolicyLoop(HostLoop):
 
     def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
         t = self.trainer
-        metrics["time/env_steps_per_sec"] = n * t.env_steps_per_iteration / dt
-        metrics["time/grad_steps_per_sec"] = metrics["train/gradient_steps"] / dt
+        # The machine's throughput: every run of a seed batch steps its own envs and learner.
+        metrics["time/env_steps_per_sec"] = n * t.env_steps_per_iteration * t.num_runs / dt
+        metrics["time/grad_steps_per_sec"] = metrics["train/gradient_steps"] * t.num_runs / dt
         offline = min(self.cfg.algorithm.offline_iterations, step)
         metrics["env/steps"] = (step - offline) * t.env_steps_per_iteration
 
@@ -99,4 +112,5 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
             compile_sec=result.compile_sec,
             wall_sec=time.perf_counter() - t_start,
             resumed_from=result.resumed_from,
+            last_eval=result.last_eval,
         )

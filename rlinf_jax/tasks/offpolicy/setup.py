@@ -96,6 +96,35 @@ def optimizer(lr: float, cfg: Config) -> optax.GradientTransformation:
     return clipped_adam(lr, o.max_grad_norm, b1=o.b1)
 
 
+def networks(cfg: Config, obs_size: int, act_size: int, seed: int):
+    """Fresh networks seeded with ``seed``: ``(actor graph, params)``, ``(critic graph,
+    params, batch statistics)`` and ``(V graph, params)`` (iql's; ``(None, empty)`` else)."""
+    a, m = cfg.algorithm, cfg.actor.model
+    compute = {"dtype": jnp.dtype(m.compute_dtype), "matmul": m.matmul}
+    rngs = nnx.Rngs(seed)
+    actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs,
+                                  **compute)
+    critic = QEnsemble(
+        obs_size, act_size, m.value_hidden_sizes, a.num_q, m.activation, a.critic_norm, a.renorm_momentum,
+        a.renorm_warmup, rngs=rngs, **compute,
+    )
+    value = (None, nnx.State({}))
+    if a.name == "iql":
+        value = nnx.split(ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.critic_norm == "layer",
+                                   rngs=rngs))
+    return nnx.split(actor), nnx.split(critic, nnx.Param, nnx.BatchStat), value
+
+
+def seeded(cfg: Config, setup: OffPolicySetup, seed: int) -> OffPolicySetup:
+    """``setup`` with fresh networks seeded with ``seed`` (what `make_setup` builds for a
+    run whose ``runner.seed`` is ``seed``)."""
+    if seed == cfg.runner.seed:
+        return setup
+    (_, actor), (_, critic, critic_stats), (_, value) = networks(
+        cfg, setup.env.observation_size, setup.env.action_size, seed)
+    return dataclasses.replace(setup, actor=actor, critic=critic, critic_stats=critic_stats, value=value)
+
+
 def make_setup(cfg: Config) -> OffPolicySetup:
     """Envs, fresh networks seeded with ``runner.seed``, the learner's static parts and the
     dataset (checked against the env's sizes)."""
@@ -116,22 +145,10 @@ def make_setup(cfg: Config) -> OffPolicySetup:
             raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
     a, m = cfg.algorithm, cfg.actor.model
     obs_size, act_size = env.observation_size, env.action_size
-    compute = {"dtype": jnp.dtype(m.compute_dtype), "matmul": m.matmul}
     kernels.check_backend(m.matmul, m.compute_dtype, resolve_num_devices(cfg.cluster.num_devices))
-    rngs = nnx.Rngs(cfg.runner.seed)
-    actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs,
-                                  **compute)
-    critic = QEnsemble(
-        obs_size, act_size, m.value_hidden_sizes, a.num_q, m.activation, a.critic_norm, a.renorm_momentum,
-        a.renorm_warmup, rngs=rngs, **compute,
-    )
-    actor_graph, actor_params = nnx.split(actor)
-    critic_graph, critic_params, critic_stats = nnx.split(critic, nnx.Param, nnx.BatchStat)
-    value_graph, value_params, value_tx = None, nnx.State({}), None
-    if a.name == "iql":
-        value = ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.critic_norm == "layer", rngs=rngs)
-        value_graph, value_params = nnx.split(value)
-        value_tx = optimizer(cfg.actor.optim.critic_lr, cfg)
+    (actor_graph, actor_params), (critic_graph, critic_params, critic_stats), (value_graph, value_params) = networks(
+        cfg, obs_size, act_size, cfg.runner.seed)
+    value_tx = optimizer(cfg.actor.optim.critic_lr, cfg) if a.name == "iql" else None
     s = settings(cfg, env)
     buffer = ReplayBuffer(a.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.batch_size)
     dataset = meta = None

@@ -25,7 +25,7 @@ from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate
 from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
-from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
+from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, seeded
 
 
 def preload(buffer, replay, dataset: TransitionBatch, num_envs: int):
@@ -97,15 +97,21 @@ class OffPolicyTrainer(Trainer):
         self.demos = None
         if s.demo_batch:
             self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh)
-        self.run_chunk = jax.jit(functools.partial(lib.run_chunk, self.env, self.learner), donate_argnums=0)
+        # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
+        self.chunk_fn = functools.partial(lib.run_chunk, self.env, self.learner)
+        self.chunk_args = (self.demos,)
+        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
         self.evaluate = jax.jit(self._evaluate)
 
     # ----------------------------------------------------------------- state
-    def fresh_state(self) -> OffPolicyState:
-        key = jax.random.PRNGKey(self.cfg.runner.seed)
+    def fresh_state(self, seed: int | None = None) -> OffPolicyState:
+        """A run's state of step 0, unplaced (``seed`` defaults to ``runner.seed``)."""
+        seed = self.cfg.runner.seed if seed is None else seed
+        key = jax.random.PRNGKey(seed)
         key, reset_key = jax.random.split(key)
         env_state = jax.jit(self.env.reset)(reset_key)
-        return initial_state(self.cfg, self.setup, self.learner, key, env_state, self.empty_replay(env_state))
+        setup = seeded(self.cfg, self.setup, seed)
+        return initial_state(self.cfg, setup, self.learner, key, env_state, self.empty_replay(env_state))
 
     def empty_replay(self, env_state):
         """A new buffer (for iql holding the dataset, which it learns from first)."""
@@ -131,10 +137,15 @@ class OffPolicyTrainer(Trainer):
         # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
         return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
 
-    def start(self, restored) -> OffPolicyState:
+    def complete(self, restored) -> OffPolicyState:
+        """A checkpoint's state as the running state, unplaced: without the buffer
+        (``algorithm.replay_in_checkpoint=false``) an empty one."""
         if restored.replay is None:
             restored = restored.replace(replay=self.empty_replay(restored.env_state))
-        return self.place(restored)
+        return restored
+
+    def start(self, restored) -> OffPolicyState:
+        return self.place(self.complete(restored))
 
     def progress(self, ts: OffPolicyState) -> tuple[int, int]:
         return int(ts.step), int(ts.bad_iterations)
@@ -151,6 +162,10 @@ class OffPolicyTrainer(Trainer):
 
     def run_eval(self, ts: OffPolicyState, key) -> dict:
         return self._eval(ts.actor, ts.obs_stats, key)
+
+    def eval_fn(self, ts: OffPolicyState, key) -> dict:
+        """The evaluation of a state's actor (pure: a seed batch vmaps it)."""
+        return self._evaluate(ts.actor, ts.obs_stats, key)
 
     def summarize(self, sums: dict, n: int) -> dict[str, float]:
         return lib.summarize(sums, n, self.learner.settings.rollout_length, self.substeps)

@@ -23,7 +23,7 @@ from rlinf_jax.data import build_datasets, load_prompt_dataset, run_tokenizer
 from rlinf_jax.errors import BadInput
 from rlinf_jax.rewards import RewardFunction
 from rlinf_jax.rollout.lm_io import PromptEncoder, pad_id, stop_tokens
-from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits
+from rlinf_jax.rollout.multi_turn import MultiTurnRollout
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.rollout.scoring import score_dataset
 from rlinf_jax.runtime import find_checkpoint
@@ -124,7 +124,7 @@ def _scores(cfg, sampler, encoder, dataset, sampling, seed, n, ks, progress):
 
 def _agentic_scores(cfg, sampler, encoder, tokenizer, dataset, seed, temperature) -> dict:
     ag, ro = cfg.agent, cfg.rollout
-    limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
+    limits = ag.limits()
     executor = tool_executor(ag)
     try:
         collector = AgentCollector(MultiTurnRollout(sampler, tokenizer, limits), encoder, env_factory(ag, executor),

@@ -37,7 +37,7 @@ from rlinf_jax.flow.optim import clipped_adamw
 from rlinf_jax.policies.lm.qlora import dequantize_state
 from rlinf_jax.policies.lm.value import ValueModel
 from rlinf_jax.rollout.lm_io import sync_sampler
-from rlinf_jax.rollout.multi_turn import MultiTurnRollout, TurnLimits
+from rlinf_jax.rollout.multi_turn import MultiTurnRollout
 from rlinf_jax.rollout.sampler import SamplingParams
 from rlinf_jax.sharding import (
     batch_axes,
@@ -124,7 +124,7 @@ class ReasoningTrainer(LMTrainer):
         if cfg.agent.enabled:
             ag = cfg.agent
             self.executor = tool_executor(ag)
-            limits = TurnLimits(ag.max_turns, ag.max_turn_tokens, ag.max_observation_tokens, ag.max_episode_tokens)
+            limits = ag.limits()
             self.collector = AgentCollector(
                 MultiTurnRollout(lm.sampler, lm.tokenizer, limits), lm.encoder, env_factory(ag, self.executor),
                 cfg.reward, self.loader, self.num_prompts, self.group, ro.temperature, ro.top_p, ro.top_k,
