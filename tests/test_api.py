@@ -82,6 +82,7 @@ def test_no_overrides_may_be_given_as_none():
     assert rj.load_config("ppo_brax", None).runner.max_steps == rj.load_config("ppo_brax").runner.max_steps
 
 
+@pytest.mark.slow
 def test_a_control_run_from_python(tmp_path):
     cfg = rj.load_config("ppo_brax", [*TINY, f"runner.output_dir={tmp_path}", "runner.experiment_name=api",
                                       "runner.max_steps=2", "runner.eval_interval=1", "runner.save_interval=2",

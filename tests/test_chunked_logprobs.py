@@ -126,6 +126,7 @@ def test_bad_logits_chunk_is_one_line(overrides, message):
         sft_config.check_memory_remedies(load_config("sft_math", overrides).actor.model)
 
 
+@pytest.mark.slow
 def test_sft_and_reasoning_updates_take_the_chunked_head(tmp_path):
     """``actor.model.logits_chunk`` reaches the sft step and the reasoning update (old
     log-probs, loss, reference): the same losses and parameters as without it."""

@@ -61,6 +61,7 @@ def test_list_recipes_and_envs(capsys):
     assert "inverted_pendulum" in out and "CartpoleBalance" in out
 
 
+@pytest.mark.slow
 def test_evaluate_a_checkpoint(tmp_path, tiny, capsys):
     import json
 

@@ -187,6 +187,7 @@ def test_a_corrupt_checkpoint_is_refused_naming_one_that_verifies(tmp_path):
     assert _files(tmp_path / "r") == before  # nothing written
 
 
+@pytest.mark.slow
 def test_a_diverging_run_saves_nothing_unhealthy_and_names_a_good_checkpoint(tmp_path):
     assert main(_run_dir_args(tmp_path, "r", "runner.max_steps=2", "runner.save_interval=1",
                               "runner.keep_checkpoints=2")) == 0
@@ -208,6 +209,7 @@ def test_a_diverging_run_saves_nothing_unhealthy_and_names_a_good_checkpoint(tmp
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["params"]))
 
 
+@pytest.mark.slow
 def test_resume_into_a_run_with_later_checkpoints_is_refused(tmp_path, capsys):
     assert main(_run_dir_args(tmp_path, "a", "runner.max_steps=2", "runner.save_interval=1")) == 0
     assert main(_run_dir_args(tmp_path, "b", "runner.max_steps=3", "runner.save_interval=1")) == 0
@@ -344,6 +346,7 @@ def test_the_other_commands_exit_70_on_a_crash(tmp_path, capsys, monkeypatch):
         assert "in broken" in Path(line.split("the traceback is in ")[1].split(";")[0]).read_text()
 
 
+@pytest.mark.slow
 def test_a_folder_of_numbered_folders_that_are_not_checkpoints_is_one_line(tmp_path):
     for step in range(1, 7):
         (tmp_path / "n" / "checkpoints" / str(step)).mkdir(parents=True)

@@ -134,6 +134,7 @@ def test_every_layout_on_two_devices_gives_one_devices_numbers():
         assert ev == pytest.approx(ev_ref, rel=1e-6), layout
 
 
+@pytest.mark.slow
 @pytest.mark.devices(2)
 def test_the_rollout_infers_on_its_own_device():
     trainer = build_trainer(load_config("ppo_gym_mujoco", [*TINY, "cluster.num_devices=2",

@@ -154,6 +154,7 @@ def _tiny(tie: bool) -> LMConfig:
     })
 
 
+@pytest.mark.slow
 @needs_mkl
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -199,6 +199,7 @@ def test_value_model_on_a_scanned_trunk():
     np.testing.assert_allclose(values["scanned"], values["unrolled"], **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_stacked_parameters_keep_the_layer_axis_whole_on_a_mesh():
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("fsdp", "tensor"))
@@ -283,6 +284,7 @@ def test_a_stacked_cache_extends_and_maps_rows_like_per_layer_ones():
     np.testing.assert_array_equal(repeated.keys[1, 2], cache.keys[1, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_a_scanned_sampler_on_a_mesh_samples_what_the_unrolled_one_does(monkeypatch):
     """The stacked cache is pinned per layer (``Layout.pin_cache`` maps over the layer axis):

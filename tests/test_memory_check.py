@@ -59,6 +59,7 @@ def test_the_cpu_backend_reports_no_limit_and_nothing_is_compiled():
     assert plan_lib.refuse_unless_fits(lambda d: pytest.fail("compiled on the CPU"), jax.devices()) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, extra", [
     ("ppo_brax", ["runner.max_steps=1", "env.num_envs=64", "algorithm.rollout_length=4"]),
     ("sac_brax", ["runner.max_steps=1", "algorithm.learning_starts=0"]),

@@ -53,6 +53,7 @@ def test_workers_change_no_number():
     assert m1 == m2 and e1 == e2
 
 
+@pytest.mark.slow
 def test_a_run_saves_resumes_and_evaluates(tmp_path, capsys):
     out = tmp_path / "runs"
     argv = ["--config-name", "sac_gym_mujoco", *TINY, f"runner.output_dir={out}", "runner.eval_interval=2",

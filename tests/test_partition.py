@@ -180,6 +180,7 @@ def flat(tree):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.devices(8)
 def test_model_on_component_meshes():
     assert len(jax.devices()) == 8

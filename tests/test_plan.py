@@ -45,6 +45,7 @@ def tiny_v5e():
     return rj.plan("grpo_math", "v5e:2x2", TINY_PLAN)
 
 
+@pytest.mark.slow
 def test_a_tiny_reasoning_run_compiles_for_two_tpu_generations(tiny_v5e):
     other = rj.plan("grpo_math", "v6e:2x4", TINY_PLAN)
     for report, chips, chip in ((tiny_v5e, 4, "v5e"), (other, 8, "v6e")):
@@ -63,6 +64,7 @@ def test_a_tiny_reasoning_run_compiles_for_two_tpu_generations(tiny_v5e):
     assert two == pytest.approx(one / 2, rel=0.1)
 
 
+@pytest.mark.slow
 def test_the_parameter_bytes_per_chip_are_the_analytic_count(tiny_v5e):
     cfg = rj.load_config("grpo_math", TINY_PLAN)
     params = _tiny_lm_params(cfg)
@@ -112,6 +114,7 @@ def test_bad_targets_are_one_line_before_any_compile():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.devices(8)
 def test_a_gpu_target_is_an_estimate_from_the_cpu_compiler_and_says_so():
     report = rj.plan("grpo_math", "h100x8", TINY_PLAN)
@@ -147,6 +150,7 @@ TINY_SFT = [
 ]
 
 
+@pytest.mark.slow
 def test_a_tiny_sft_run_compiles_for_two_tpu_generations():
     cfg = rj.load_config("sft_math", TINY_SFT)
     params = _tiny_lm_params(cfg)
@@ -176,6 +180,7 @@ TINY_PPO = [
 ]
 
 
+@pytest.mark.slow
 def test_a_tiny_ppo_run_compiles_for_two_tpu_generations():
     # The Gaussian policy (mean and scale per action) and the critic, weights and biases.
     sizes = ([4, 32, 32, 2], [4, 256, 256, 1])
@@ -226,6 +231,7 @@ def test_an_embodied_run_in_stages_or_on_a_host_simulator_is_refused_in_one_line
         rj.plan("ppo_gym_mujoco", "v5e:2x2")
 
 
+@pytest.mark.slow
 def test_a_tiny_sac_run_compiles_for_two_tpu_generations_with_its_replay_split_over_the_chips():
     # A buffer big enough to dominate what else stays on the chips: 2^20 transitions of
     # inverted_pendulum (4 observations, 1 action), split over the chips with the envs.
@@ -275,6 +281,7 @@ def test_a_real_size_recipe_knows_its_published_architecture_without_weights():
         lm_architecture(rj.load_config("grpo_qwen2.5_7b", ["actor.model.path=/no/such/model"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, published", [("ppo_openvla_7b", 7.54e9), ("ppo_pi0", 3.3e9)])
 def test_a_real_size_vla_recipe_has_its_published_size_without_weights(recipe, published):
     from rlinf_jax.tasks.embodied.setup import make_setup
@@ -304,6 +311,7 @@ def test_libtpu_stays_quiet_and_off_on_a_machine_without_tpus():
     assert proc.returncode == 0 and proc.stdout.strip() == "cpu" and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.slow
 def test_auto_placement_picks_a_layout_that_fits_when_collocated_does_not():
     # Data-parallel meshes keep a whole copy of each component's state on every chip it
     # has: collocated, a chip holds the rollout's and the actor's (104 MiB at the peak);

@@ -258,6 +258,7 @@ def test_a_qlora_checkpoint_loads_as_the_dense_merged_model(tmp_path):
     assert "layers.0.attn_norm.scale" in dense  # a norm's "scale" is not mistaken for a block scale
 
 
+@pytest.mark.slow
 def test_reasoning_reference_and_critic_read_the_nf4_base(tmp_path):
     """A QLoRA reasoning run with a KL term and a critic: the reference keeps the NF4 base
     and scores with it dequantised, the critic starts from the dequantised trunk, and the

@@ -44,6 +44,7 @@ def log_softmax_np(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+@pytest.mark.slow
 def test_policy_logprobs_equal_each_row_alone_and_the_samplers(tmp_path):
     t = trainer(tmp_path)
     batch, _ = t.collector.batch(jax.random.PRNGKey(3))
@@ -63,6 +64,7 @@ def test_policy_logprobs_equal_each_row_alone_and_the_samplers(tmp_path):
     np.testing.assert_allclose(batch["sampler_logp"][m], logp[m], atol=2e-4)
 
 
+@pytest.mark.slow
 def test_shared_prompts_give_the_per_row_logprobs_and_gradients(tmp_path):
     # group_size 4, one mini-batch: the update runs each prompt once per group.
     t = trainer(tmp_path)

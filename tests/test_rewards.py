@@ -185,7 +185,8 @@ def test_raising_checker_scores_zero_and_is_counted():
 
 
 def test_soft_timeout_keeps_the_worker():
-    rf = RewardFunction(RewardConfig(num_workers=1, timeout_s=0.3), checker=spinning_checker)
+    # Limits generous enough for the quick checks on a loaded machine; the spinning ones never end.
+    rf = RewardFunction(RewardConfig(num_workers=1, timeout_s=2.0), checker=spinning_checker)
     try:
         t0 = time.monotonic()
         res = rf(["hang", "7", "hang", "6"], ["7", "7", "7", "6"])
@@ -193,13 +194,13 @@ def test_soft_timeout_keeps_the_worker():
         assert res.rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
         assert res.metrics["reward/timeouts"] == 2 and res.metrics["reward/errors"] == 0
         assert rf._pool.restarts == 0  # interrupted in place, not killed
-        assert took < 5.0
+        assert took < 15.0
     finally:
         rf.close()
 
 
 def test_inline_soft_timeout_in_main_thread():
-    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=0.2), checker=spinning_checker)
+    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=1.0), checker=spinning_checker)
     res = rf(["hang", "5"], ["5", "5"])
     assert res.rewards.tolist() == [0.0, 1.0] and res.metrics["reward/timeouts"] == 1
     # Outside the main thread there is no alarm; a well-behaved call still works.
@@ -211,12 +212,12 @@ def test_inline_soft_timeout_in_main_thread():
 
 
 def test_hard_timeout_kills_and_replaces_the_worker():
-    with CheckerPool(num_workers=2, timeout_s=0.3, grace_s=0.5, preload=()) as pool:
+    with CheckerPool(num_workers=2, timeout_s=2.0, grace_s=1.0, preload=()) as pool:
         t0 = time.monotonic()
         out = pool.map(deaf_checker, [("hang", "1"), ("1", "1"), ("2", "1"), ("3", "3")])
         took = time.monotonic() - t0
         assert out == [("timeout", None), ("ok", 1.0), ("ok", 0.0), ("ok", 1.0)]
-        assert pool.restarts == 1 and took < 10.0
+        assert pool.restarts == 1 and took < 30.0
         # The replacement serves the next call.
         assert pool.map(deaf_checker, [("4", "4")]) == [("ok", 1.0)]
 
@@ -350,7 +351,7 @@ def test_integers_past_pythons_digit_limit_compare_exactly():
 
 
 def test_a_failing_fast_path_scores_zero_and_is_bounded():
-    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=0.3), checker=_FastPathChecker())
+    rf = RewardFunction(RewardConfig(num_workers=0, timeout_s=1.0), checker=_FastPathChecker())
     res = rf(["raise", "7", "spin", "8"], ["7", "7", "7", "8"])
     assert res.rewards.tolist() == [0.0, 1.0, 0.0, 1.0]
     assert res.failed.tolist() == [True, False, True, False]

@@ -20,6 +20,7 @@ from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.sharding.placement import component_mesh, resolve_placement
 
 
+@pytest.mark.slow
 @pytest.mark.devices(8)
 def test_sharded_sampling_equals_single_device(monkeypatch):
     assert len(jax.devices()) == 8

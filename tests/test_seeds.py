@@ -89,6 +89,7 @@ def _chunk(trainer, iterations: int):
     return state, trainer.summarize(sums, iterations), {k: float(v) for k, v in evaluation.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, build, overrides, rtol", [
     # PPO's products batch to the same sums here; SAC's 128-row critic products are
     # reassociated by the batched matmul, and 96 gradient steps carry it a little further.

@@ -78,6 +78,7 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+@pytest.mark.slow
 def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
     cfg, policy, model = _policy()
     obs = _obs()
@@ -117,6 +118,7 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["action", "token"])
 def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
     from rlinf_jax.sharding import data_mesh
@@ -216,6 +218,7 @@ def test_group_advantages_refuse_settings_without_whole_grouped_episodes(overrid
         PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
 
 
+@pytest.mark.slow
 def test_behaviour_cloning_fits_the_expert_bins():
     from rlinf_jax.tasks.embodied.cloning import behaviour_clone, expert_bins
 

@@ -43,6 +43,7 @@ def _run(recipe: str, scan: bool, remat: str = "none"):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["ppo_vla_tabletop", "ppo_pi0_tabletop"])
 def test_a_scanned_and_rematerialised_vla_is_the_unrolled_one(recipe):
     unrolled, scanned, remat = _run(recipe, False), _run(recipe, True), _run(recipe, True, "full")

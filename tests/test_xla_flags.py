@@ -72,6 +72,7 @@ def test_api_sets_the_flags_before_jax_starts():
     assert out.split() == ["--xla_force_host_platform_device_count=2", PROBE, "3.0"]
 
 
+@pytest.mark.slow
 def test_cli_run_records_its_flags(tmp_path, tiny):
     args = [*tiny, "runner.max_steps=1", "runner.eval_interval=0", "runner.save_interval=0", "runner.tensorboard=false"]
     proc = run_cli([*args, f"runner.xla_cpu_flags={PROBE}"], env_extra={"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})

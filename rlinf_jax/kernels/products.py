@@ -80,9 +80,8 @@ def add_bias(y: jax.Array, bias: jax.Array, backend: str = "xla") -> jax.Array:
     ones through ``backend``.
 
     Autodiff's column sum ran on XLA CPU as a tree of reduce-windows (or a YNNPACK
-    reduction), at about a third of a byte per nanosecond: 1.2-2.4 ms for each of Qwen2's
-    q / k / v biases at 4096 tokens, and 12 us for each [2, 64, 256] critic bias of a SAC step.
-    The product reads the gradient once, at the product's rate.
+    reduction), far below the memory's rate (benchmarks/README.md, "Measurements behind choices in the code"). The product reads the
+    gradient once, at the product's rate.
     """
     return y + bias
 

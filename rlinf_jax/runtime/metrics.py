@@ -36,7 +36,7 @@ def _summary_writer_class():
     """tensorboardX's ``SummaryWriter``, imported without importing torch.
 
     tensorboardX's writer module imports torch whenever it is installed, only for the type
-    hints of its ``add_*`` methods (we pass floats and numpy arrays): ~2.7 s of every
+    hints of its ``add_*`` methods (we pass floats and numpy arrays): seconds of every
     run's start where torch is installed, more than the rest of a cached run's imports.
     A ``None`` in ``sys.modules`` makes that import fail fast, which tensorboardX handles.
     Where torch is already loaded there is nothing to save and nothing is hidden.

@@ -20,9 +20,8 @@ DEFAULT = "default"
 # The project's CPU defaults, chosen by benchmarks/xla_cpu_flags.py on the project's own
 # programs (PPO and SAC chunks, the LM train step and sampler); see benchmarks/README.md.
 # None yet: no candidate (the YNNPACK, XNNPACK and oneDNN dot fusions) made those programs
-# measurably faster on the 2-core CPU they were measured on (YNNPACK's dots: +4% on SAC,
-# noise elsewhere), and YNNPACK's dots change PPO's and SAC's metrics (5e-3 and 3e-2
-# relative within a few iterations).
+# measurably faster on the 2-core CPU they were measured on, and YNNPACK's dots change PPO's
+# and SAC's metrics within a few iterations.
 CPU_DEFAULT_FLAGS = ""
 
 # Distributions whose presence makes JAX's default platform an accelerator.

@@ -3,9 +3,9 @@
 The cache holds keys as ``[B, kv_heads, head_dim, S]`` and values as ``[B, kv_heads, S,
 head_dim]`` per layer (a scanned model stacks the layers, ``[L, ...]``), so both attention
 products are plain ``[rows, k] x [k, cols]`` matmuls over the cache. XLA CPU repacks a
-transposed right operand on every call: with keys stored ``[.., S, head_dim]`` a decode step's
-four score products over a 1.4 MB cache each took about twice their value products. (Heads
-before positions was 1.3-1.5x faster than ``[B, S, kv_heads, head_dim]``.) Both are written
+transposed right operand on every call, so keys stored ``[.., S, head_dim]`` made a decode
+step's score products much slower than its value products, and heads before positions beat
+``[B, S, kv_heads, head_dim]`` (the figures: benchmarks/README.md, "Measurements behind choices in the code"). Both are written
 with ``dynamic_update_slice`` at ``cache_index``, so a jitted decode loop can donate the cache
 and update it in place. Without a cache the keys are the current tokens themselves; both paths
 share ``attention_mask_3d`` and ``attend`` so prefill, decode and training compute the same
@@ -104,8 +104,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, matmul: st
     The G query heads sharing a KV head and the T query positions are folded into one row
     axis, so each (batch, KV head) pair is a single ``[G*T, D] x [D, S]`` matmul and the
     softmax reduces over the minor axis. For a decode step (T = 1) every reshape here is
-    free. On XLA CPU the attention of a decode step ran 3x faster this way than with T as
-    its own axis, and its training backward 2x faster.
+    free. On XLA CPU both a decode step's attention and its training backward ran several
+    times faster this way than with T as its own axis (benchmarks/README.md, "Measurements behind choices in the code").
     """
     B, T, K, G, D = q.shape
     S = k.shape[3]

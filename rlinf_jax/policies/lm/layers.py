@@ -106,9 +106,9 @@ def tied_logits(x: jax.Array, table: jax.Array) -> jax.Array:
 
     Its own backward pass only to choose the form of the table's gradient. Autodiff asks for
     ``g.T @ x`` (``[V, E]``, the ``[N, V]`` logit gradient read transposed), and XLA CPU ran
-    that product at half the speed of ``x.T @ g`` (``[E, V]``, the small ``[N, E]`` operand read
-    transposed): 48 ms against 23 ms for 4096 tokens x 2048 words x 256 features, the largest
-    single product of a training step. The barrier keeps XLA from folding the final
+    that product at about half the speed of ``x.T @ g`` (``[E, V]``, the small ``[N, E]``
+    operand read transposed), the largest single product of a training step
+    (benchmarks/README.md, "Measurements behind choices in the code"). The barrier keeps XLA from folding the final
     transpose back into the product.
     """
     return jnp.dot(x, table.T, preferred_element_type=jnp.float32)

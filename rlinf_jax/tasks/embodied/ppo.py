@@ -283,7 +283,7 @@ def run_chunk(env: Env, learner: Learner, ts: TrainState, num_iterations):
     """``num_iterations`` iterations (a traced int: one compile for every chunk length);
     returns the state and the metrics summed over them."""
     # One jitted function for both uses below: the loop body reuses the trace that gave the
-    # metrics' shapes (tracing a Brax env's step is most of a start: ~2 s of ~4 here).
+    # metrics' shapes (tracing a Brax env's step is most of a cached run's start).
     step = jax.jit(functools.partial(iteration, env, learner))
     shapes = jax.eval_shape(step, ts)[1]
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

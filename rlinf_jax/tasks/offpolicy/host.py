@@ -89,7 +89,7 @@ class HostOffPolicy(HostPools, Trainer):
         self._finish = jax.jit(lambda ts, sums, key: lib.finish_iteration(learner, ts, sums, key, ts.actor,
                                                                           ts.obs_stats))
         self._greedy = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
-        # An iteration's zero sums: traced once (untraced, their shapes cost ~80 ms an iteration).
+        # An iteration's zero sums: traced once (untraced, finding their shapes retraces the learner every iteration).
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos))
 
     # ---------------------------------------------------------- trainer protocol
