@@ -122,7 +122,10 @@ def test_a_run_of_seeds_logs_the_interval_resumes_exactly_and_evaluates_as_it_ra
     run = [*TINY, f"runner.output_dir={tmp_path}", "runner.tensorboard=false", "runner.num_seeds=3",
            "runner.eval_interval=2", "runner.save_interval=2", "runner.log_interval=2"]
     whole = rj.train("ppo_brax", [*run, "runner.experiment_name=whole", "runner.max_steps=4"])
-    assert whole.summary.text().count("(3 seeds)") == 1
+    text = whole.summary.text()
+    assert "env steps per seed (3 seeds)" in text and "(all seeds)" in text
+    final = whole.summary.last_eval
+    assert f"final eval return  {final['eval/return']:.1f} ± {final['eval/return@ci95']:.1f} (3 seeds)" in text
     record = whole.metrics[-1]
     assert {"eval/return@seed0", "eval/return@seed1", "eval/return@seed2", "eval/return@ci95"} <= set(record)
     mean, half = interval([record[f"eval/return@seed{s}"] for s in range(3)])

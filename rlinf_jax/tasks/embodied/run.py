@@ -36,8 +36,10 @@ class RunSummary:
     resumed_from: int | None
     # Success per split of a benchmark that has them (the VLA tabletop): what its runs are judged by.
     eval_success: dict[str, float] | None = None
-    # Seeds side by side: the last evaluation's metrics, each over the seeds (`flow.seeds`).
+    # Seeds side by side: the last evaluation's metrics, each over the seeds (`flow.seeds`),
+    # and how many runs there were (env_steps counts one run's, env_steps_per_sec all of them).
     last_eval: dict | None = None
+    num_runs: int = 1
 
     def text(self) -> str:
         # A tabletop's returns are fractions of the shaped reward: a rounded one says nothing.
@@ -48,11 +50,12 @@ class RunSummary:
         success = "" if not self.eval_success else "  final eval success " + ", ".join(
             f"{split} {value:.3f}" for split, value in self.eval_success.items()) + "\n"
         resumed = "" if self.resumed_from is None else f" (resumed from step {self.resumed_from})"
+        per_run = f" per seed ({self.num_runs} seeds)" if self.num_runs > 1 else ""
         return (
-            f"[bold]done[/bold]: {self.steps} iterations, {self.env_steps:,} env steps{resumed}\n"
+            f"[bold]done[/bold]: {self.steps} iterations, {self.env_steps:,} env steps{per_run}{resumed}\n"
             f"{success}"
             f"  final eval return  {ret}\n"
-            f"  env-steps/s        {self.env_steps_per_sec:,.0f}\n"
+            f"  env-steps/s        {self.env_steps_per_sec:,.0f}{' (all seeds)' if self.num_runs > 1 else ''}\n"
             f"  compile time       {self.compile_sec:.1f} s\n"
             f"  wall time          {self.wall_sec:.1f} s\n"
             f"  saved in           {self.run_dir}"
@@ -167,10 +170,11 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
             steps=result.step,
             env_steps=result.step * per_iteration,
             eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
-            env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+            env_steps_per_sec=ran * per_iteration * trainer.num_runs / result.train_sec if result.train_sec else 0.0,
             compile_sec=result.compile_sec,
             wall_sec=time.perf_counter() - t_start,
             resumed_from=result.resumed_from,
             eval_success=split_success(result.last_eval),
             last_eval=result.last_eval,
+            num_runs=trainer.num_runs,
         )

@@ -108,9 +108,10 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
             steps=result.step,
             env_steps=(result.step - offline) * per_iteration,
             eval_return=None if result.last_eval is None else result.last_eval["eval/return"],
-            env_steps_per_sec=ran * per_iteration / result.train_sec if result.train_sec else 0.0,
+            env_steps_per_sec=ran * per_iteration * trainer.num_runs / result.train_sec if result.train_sec else 0.0,
             compile_sec=result.compile_sec,
             wall_sec=time.perf_counter() - t_start,
             resumed_from=result.resumed_from,
             last_eval=result.last_eval,
+            num_runs=trainer.num_runs,
         )
