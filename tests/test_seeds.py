@@ -4,6 +4,8 @@ interval, checkpointed together and evaluated by the run's own protocol."""
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -130,6 +132,8 @@ def test_a_run_of_seeds_logs_the_interval_resumes_exactly_and_evaluates_as_it_ra
     assert {"eval/return@seed0", "eval/return@seed1", "eval/return@seed2", "eval/return@ci95"} <= set(record)
     mean, half = interval([record[f"eval/return@seed{s}"] for s in range(3)])
     assert record["eval/return"] == pytest.approx(mean) and record["eval/return@ci95"] == pytest.approx(half)
+    placement = json.loads((tmp_path / "whole" / "placement.json").read_text())
+    assert placement["runner"] == "PPOTrainer" and placement["seeds"] == [0, 1, 2]
     with Checkpointer(tmp_path / "whole" / "checkpoints") as ckpt:
         assert ckpt.read_meta(4)["seeds"] == [0, 1, 2]
 

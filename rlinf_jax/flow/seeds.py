@@ -220,6 +220,14 @@ class SeedBatch(Trainer):
         self.member.close()
 
 
+def runner_info(trainer: Trainer) -> dict:
+    """What placement.json says of the runner: its class, and for seeds side by side the
+    member's class and the seeds."""
+    if isinstance(trainer, SeedBatch):
+        return {"runner": type(trainer.member).__name__, "seeds": list(trainer.seeds)}
+    return {"runner": type(trainer).__name__}
+
+
 def seed_batch(member: Trainer, seeds: Sequence[int], why_not: Callable[[], str | None]) -> Trainer:
     """``member`` itself for one seed, else the runs side by side; ``why_not`` names what
     keeps this run from batching its seeds (None: nothing)."""

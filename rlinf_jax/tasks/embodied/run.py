@@ -65,7 +65,7 @@ class RunSummary:
 def placement_info(trainer, measured: float | None = None) -> dict:
     """What placement.json holds: the layout, the runner, and auto-placement's plan."""
     info = trainer.placement.to_json()
-    info["runner"] = type(trainer).__name__
+    info.update(seeds.runner_info(trainer))
     info["num_micro_batches"] = trainer.cfg.flow.num_micro_batches
     info["max_staleness"] = trainer.cfg.flow.max_staleness
     if trainer.auto_plan is not None:

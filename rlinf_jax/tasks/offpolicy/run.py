@@ -14,7 +14,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.flow.plan import check_before_first_step
-from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
+from rlinf_jax.flow.seeds import resolve_seeds, runner_info, seed_batch
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.embodied.run import RunSummary
@@ -68,7 +68,7 @@ class OffPolicyLoop(HostLoop):
 
     def placement_info(self, metrics: dict | None = None) -> dict:
         info = self.trainer.placement.to_json()
-        info["runner"] = type(self.trainer).__name__
+        info.update(runner_info(self.trainer))
         info["replay"] = "actor"
         info["max_staleness"] = self.cfg.flow.max_staleness
         return info
