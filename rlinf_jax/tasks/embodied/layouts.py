@@ -58,5 +58,6 @@ def why_not_batched(cfg: Config, setup: Setup, trainer) -> str | None:
     if setup.warm_start_metrics is not None:
         return "a warm start (cloning, or actor.model.path) is made for one seed: run one seed per run"
     if cfg.actor.model.matmul != "xla":
-        return f"actor.model.matmul={cfg.actor.model.matmul} products do not batch over seeds: use actor.model.matmul=xla"
+        return (f"actor.model.matmul={cfg.actor.model.matmul}'s custom calls would run the seeds one after another: "
+                "use actor.model.matmul=xla")
     return None

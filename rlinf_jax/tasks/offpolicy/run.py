@@ -57,7 +57,8 @@ def why_not_batched(cfg: Config, trainer) -> str | None:
     if not isinstance(trainer, OffPolicyTrainer):
         return ("it needs cluster.component_placement=collocated and flow.max_staleness=0 (got a staged layout)")
     if cfg.actor.model.matmul != "xla":
-        return f"actor.model.matmul={cfg.actor.model.matmul} products do not batch over seeds: use actor.model.matmul=xla"
+        return (f"actor.model.matmul={cfg.actor.model.matmul}'s custom calls would run the seeds one after another: "
+                "use actor.model.matmul=xla")
     return None
 
 
