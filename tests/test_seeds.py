@@ -98,7 +98,13 @@ def _chunk(trainer, iterations: int):
     ("ppo_brax", build_ppo, [*TINY, "cluster.component_placement=collocated"], 1e-5),
     ("sac_brax", build_offpolicy, [*TINY_SAC, "algorithm.learning_starts=64", "algorithm.rollout_length=8",
                                    "algorithm.utd_ratio=4"], 2e-3),
-], ids=["ppo", "sac"])
+    # Batch renormalisation's running statistics and the policy delay, per run.
+    ("crossq_brax", build_offpolicy, [*TINY_SAC, "algorithm.learning_starts=64", "algorithm.rollout_length=8",
+                                      "algorithm.utd_ratio=4", "algorithm.batch_size=64"], 2e-3),
+    # MJX's physics under the seed axis.
+    ("ppo_brax", build_ppo, [*TINY, "cluster.component_placement=collocated", "env.suite=playground",
+                             "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"], 1e-5),
+], ids=["ppo", "sac", "crossq", "ppo-playground"])
 def test_each_seed_equals_the_same_seed_trained_alone(recipe, build, overrides, rtol):
     batch = build(load_run_config(recipe, [*overrides, "runner.seeds=[0,3]"]))
     assert isinstance(batch, SeedBatch) and batch.num_runs == 2
