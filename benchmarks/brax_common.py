@@ -212,6 +212,21 @@ def _child_argv(argv: list[str], side: str) -> list[str]:
     return [*out, "--only", side, "--repeats", "1", "--processes", "one"]
 
 
+def run_child(cmd: list[str], env: dict, who: str) -> dict:
+    """Runs ``cmd`` with ``env``: its progress lines pass through as they come, its last
+    line (a JSON summary) is kept back and returned parsed, so that the caller's own summary
+    stays the last line. A failed child ends this process with an error naming ``who``."""
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        last = None
+        for line in proc.stdout:
+            if last is not None:
+                print(last, end="", flush=True)
+            last = line
+    if proc.returncode != 0 or not last:
+        raise SystemExit(f"error: {who}'s process exited with {proc.returncode}; its output is above")
+    return json.loads(last)
+
+
 def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple[list[str], dict]:
     """``run_sides`` with every run in a fresh process of its own, started as its users
     start it: ``own_env(side)`` gives each side's environment (Brax's: the caller's,
@@ -223,18 +238,7 @@ def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple
     for i, side in enumerate(schedule):
         env = own_env(side)
         log(f"--- {side} (run {i + 1}/{len(schedule)}, own process, XLA_FLAGS={env.get('XLA_FLAGS', '')!r}) ---")
-        # The child's progress lines pass through as they come; its last line (the JSON
-        # summary) is kept back, so that this process's own summary stays the last line.
-        with subprocess.Popen([sys.executable, script, *_child_argv(argv, side)], env=env, stdout=subprocess.PIPE,
-                              text=True) as proc:
-            last = None
-            for line in proc.stdout:
-                if last is not None:
-                    print(last, end="", flush=True)
-                last = line
-        if proc.returncode != 0 or not last:
-            raise SystemExit(f"error: the {side} run's process exited with {proc.returncode}; its output is above")
-        summary = json.loads(last).get(side)
+        summary = run_child([sys.executable, script, *_child_argv(argv, side)], env, f"the {side} run").get(side)
         summary["xla_flags"] = env.get("XLA_FLAGS", "")
         runs.setdefault(side, []).append(summary)
     return schedule, {side: _median_summary(r) for side, r in runs.items()}

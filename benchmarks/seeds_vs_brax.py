@@ -32,14 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from brax_common import _install_device_put_replicated_shim, log  # noqa: E402
+from brax_common import _install_device_put_replicated_shim, log, run_child  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 
@@ -218,16 +217,7 @@ def main(argv=None) -> int:
         if args.peak_gflops:
             cmd += ["--peak-gflops", str(args.peak_gflops)]
         log(f"=== {side} (own process, cores {cpus}) ===")
-        with subprocess.Popen([*cmd, "--", *extra], env=env, stdout=subprocess.PIPE, text=True) as proc:
-            last = None
-            for line in proc.stdout:
-                if last is not None:
-                    print(last, end="", flush=True)
-                last = line
-        if proc.returncode != 0 or not last:
-            print(f"error: the {side} process exited with {proc.returncode}; its output is above", file=sys.stderr)
-            return 1
-        results[side] = json.loads(last)
+        results[side] = run_child([*cmd, "--", *extra], env, f"the {side} side")
     out = {"seeds": args.seeds, "cpus": cpus, "threads": "XLA default on both", "precision": "float32",
            "extra_args": extra, "ours": results["ours"], "brax": results["brax"]}
     for algo in results["ours"]:

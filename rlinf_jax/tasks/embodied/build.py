@@ -8,11 +8,10 @@ from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.flow.seeds import resolve_seeds
-from rlinf_jax.sharding import Placement, resolve_num_devices, resolve_placement
+from rlinf_jax.sharding import Placement, resolve_num_devices
 from rlinf_jax.tasks.embodied.auto_placement import auto_placement
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import Setup, make_setup
-from rlinf_jax.tasks.embodied.staged import COMPONENTS
 from rlinf_jax.tasks.embodied.warm_start import warm_start
 
 
@@ -21,11 +20,9 @@ def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement 
     if setup is None:
         setup = warm_start(cfg, make_setup(cfg))
     # Auto-placement times JAX env layouts; a host simulator has one runner.
-    if placement is None and cfg.cluster.component_placement == "auto" and len(resolve_seeds(cfg.runner)) > 1:
-        # Seeds side by side run in the fused runner: the one layout there is to choose.
-        placement = resolve_placement("collocated", COMPONENTS, resolve_num_devices(cfg.cluster.num_devices),
-                                      cfg.cluster.mesh)
-    if placement is None and cfg.cluster.component_placement == "auto" and not is_host_suite(cfg.env):
+    # Seeds side by side run in the fused runner: placed_trainer takes its collocated layout.
+    batched = len(resolve_seeds(cfg.runner)) > 1
+    if placement is None and cfg.cluster.component_placement == "auto" and not is_host_suite(cfg.env) and not batched:
         if is_multiprocess():
             # Each process would time the candidates itself and might pick another one.
             raise BadInput(

@@ -29,12 +29,13 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
     """
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
     devices = jax.devices()[:num_devices]
-    if placement is None and is_host_suite(cfg.env) and cfg.cluster.component_placement == "auto":
-        # One runner for a host simulator: nothing for auto-placement to choose.
+    seeds = resolve_seeds(cfg.runner)
+    if placement is None and cfg.cluster.component_placement == "auto" and (is_host_suite(cfg.env) or len(seeds) > 1):
+        # One runner for a host simulator, and for seeds side by side (the fused one):
+        # nothing for auto-placement to choose.
         placement = resolve_placement("collocated", COMPONENTS, num_devices, cfg.cluster.mesh)
     elif placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
-    seeds = resolve_seeds(cfg.runner)
     if is_host_suite(cfg.env):
         # A host simulator steps outside jit: its own host-stepped runner, pipelined by
         # flow.num_micro_batches, with the same PPO maths.
