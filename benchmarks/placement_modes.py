@@ -143,7 +143,6 @@ def child(workload: str, num_devices: int, iterations: int, repeats: int, extra:
         cfg = load_config(recipe, [*base, *extra, "cluster.component_placement=auto", "flow.max_staleness=1"])
         setup = warm_start(cfg, make_setup(cfg))
         plan = auto_placement(cfg, setup, num_devices, log=lambda m: print("  " + m, file=sys.stderr, flush=True))
-        plan.trainer.auto_plan = plan
         timed["auto"] = _Timed(plan.trainer)
 
     for r in range(repeats):

@@ -199,3 +199,33 @@ def test_the_engine_knows_no_workload(package):
         and target.split(".")[1:2] in (["envs"], ["policies"], ["algos"], ["tasks"], ["rewards"], ["data"], ["agents"])
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_no_trainer_is_patched_after_construction():
+    """A trainer gets everything its loop reads in its constructor (`flow.trainer`'s
+    contract): no module assigns an attribute of another object named ``trainer``."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for t in ast.walk(target):
+                    owner = t.value if isinstance(t, ast.Attribute) else None
+                    while isinstance(owner, ast.Attribute):
+                        owner = owner.value
+                    if isinstance(owner, ast.Name) and owner.id == "trainer" or (
+                            isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute)
+                            and t.value.attr == "trainer"):
+                        found.append(f"{name}:{node.lineno}")
+    assert not found, found
+
+
+def test_the_env_stepping_tasks_share_a_floor_and_not_each_other():
+    """Embodied PPO and the off-policy family build on `tasks.env_rl`, never on each other."""
+    edges = {(src, dst) for src, _path, _line, dst, _top in _edges()}
+    for a, b in (("embodied", "offpolicy"), ("offpolicy", "embodied")):
+        assert not any(src.startswith(f"rlinf_jax.tasks.{a}") and dst.startswith(f"rlinf_jax.tasks.{b}")
+                       for src, dst in edges), (a, b)
+    assert any(src.startswith("rlinf_jax.tasks.offpolicy") and dst.startswith("rlinf_jax.tasks.env_rl")
+               for src, dst in edges)

@@ -13,14 +13,38 @@ import pytest
 
 from rlinf_jax.config import load_config
 from rlinf_jax.flow.channel import Channel, ChannelEmpty, ChannelFull, TooStale
+from rlinf_jax.flow.trainer import EnvTrainer, FusedTrainer
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement
 from rlinf_jax.tasks.embodied.build import build_trainer
+from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.embodied.setup import make_setup
+from rlinf_jax.tasks.embodied.staged import StagedPPO
 from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
+from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
+from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY
+
+
+# ------------------------------------------------------------------ the trainer contract
+def test_a_trainer_lacking_a_required_part_says_which_instead_of_returning_none():
+    class Half(FusedTrainer):
+        env_steps_per_iteration = 8
+
+    half = Half()
+    for call, what in ((half.init, "init"), (lambda: half.run_eval(None, None), "run_eval"),
+                       (lambda: half.summarize({}, 1), "summarize"), (lambda: half.fresh_state(0), "fresh_state"),
+                       (lambda: half.eval_fn(None, None), "eval_fn"), (lambda: half.strip(None, None, 1), "strip")):
+        with pytest.raises(NotImplementedError, match=f"Half does not define {what}"):
+            call()
+    # The optional parts have their defaults: a cold start, no camera, nothing measured by the layout.
+    assert (half.warm_start_metrics, half.image_observations, half.flow_stats(), half.placement) == (None, False, {}, None)
+    # Every env-stepping runner is written against the contract the loop reads.
+    assert all(issubclass(c, FusedTrainer) for c in (PPOTrainer, OffPolicyTrainer))
+    assert all(issubclass(c, EnvTrainer) for c in (StagedPPO, HostPPO, StagedOffPolicy, HostOffPolicy))
 
 
 # ------------------------------------------------------------------ channel

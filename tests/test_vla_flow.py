@@ -389,7 +389,8 @@ def test_a_vla_run_shows_success_per_split():
     from rich.console import Console
 
     from rlinf_jax.flow.progress import ProgressBar
-    from rlinf_jax.tasks.embodied.run import EmbodiedLoop, RunSummary, split_success
+    from rlinf_jax.tasks.embodied.run import EmbodiedLoop
+    from rlinf_jax.tasks.env_rl.summary import RunSummary, split_success
 
     evaluation = {"eval/return": 0.17893, "eval/success": 0.28125, "eval/success/train": 0.28125,
                   "eval/success/vision": 0.1875, "eval/success/semantic": 0.25, "eval/success/execution": 0.125}

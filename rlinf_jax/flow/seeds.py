@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from scipy import special
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import EnvTrainer, FusedTrainer, Trainer
 from rlinf_jax.runtime.metrics import CI, SEED
 from rlinf_jax.sharding.mesh import put
 
@@ -112,18 +112,12 @@ def seed_keys(batch: SeedBatch, key) -> jax.Array:
     return jnp.broadcast_to(key, (batch.num_runs, *jnp.shape(key)))
 
 
-class SeedBatch(Trainer):
+class SeedBatch(EnvTrainer):
     """Runs of a fused trainer side by side: ``len(seeds)`` states on a leading axis, the
-    chunk and the evaluation vmapped over it.
+    chunk and the evaluation vmapped over it. The wrapped trainer (the *member*) is a
+    `FusedTrainer`: pure chunk and evaluation programs over one run's state."""
 
-    The wrapped trainer (the *member*) offers, besides the host loop's protocol:
-    ``fresh_state(seed)`` (a run's unplaced state of step 0), ``complete(restored)`` (a
-    run's state read from a checkpoint, filled in, unplaced), ``shardings(state)``,
-    ``chunk_fn`` (pure ``(state, *chunk_args, n) -> (state, sums)``) and ``chunk_args``,
-    ``eval_fn`` (pure ``(state, key) -> metrics``), ``summarize(sums, n)`` and ``snapshot``.
-    """
-
-    def __init__(self, member: Trainer, seeds: Sequence[int]):
+    def __init__(self, member: FusedTrainer, seeds: Sequence[int]):
         self.member, self.seeds = member, tuple(seeds)
         self.num_runs = len(self.seeds)
         self.cfg = member.cfg
@@ -142,16 +136,12 @@ class SeedBatch(Trainer):
         return self.member.placement
 
     @property
-    def auto_plan(self):
-        return None
-
-    @property
     def warm_start_metrics(self):
         return None
 
     @property
     def image_observations(self) -> bool:
-        return getattr(self.member, "image_observations", False)
+        return self.member.image_observations
 
     def strip(self, state, key, episodes: int):
         """The first run's episode strip (what TensorBoard shows)."""
@@ -228,7 +218,7 @@ def runner_info(trainer: Trainer) -> dict:
     return {"runner": type(trainer).__name__}
 
 
-def seed_batch(member: Trainer, seeds: Sequence[int], why_not: Callable[[], str | None]) -> Trainer:
+def seed_batch(member: EnvTrainer, seeds: Sequence[int], why_not: Callable[[], str | None]) -> EnvTrainer:
     """``member`` itself for one seed, else the runs side by side; ``why_not`` names what
     keeps this run from batching its seeds (None: nothing)."""
     if len(seeds) == 1:

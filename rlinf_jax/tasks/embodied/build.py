@@ -9,14 +9,22 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.flow.seeds import resolve_seeds
 from rlinf_jax.sharding import Placement, resolve_num_devices
-from rlinf_jax.tasks.embodied.auto_placement import auto_placement
+from rlinf_jax.flow.trainer import EnvTrainer
+from rlinf_jax.tasks.embodied.auto_placement import AutoPlan, auto_placement
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import Setup, make_setup
 from rlinf_jax.tasks.embodied.warm_start import warm_start
 
 
-def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement | None = None, log=None):
+def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement | None = None,
+                  log=None) -> EnvTrainer:
     """The trainer for ``cfg``; ``setup`` defaults to a fresh one with the run's warm start."""
+    return build_placed(cfg, setup, placement, log)[0]
+
+
+def build_placed(cfg: Config, setup: Setup | None = None, placement: Placement | None = None,
+                 log=None) -> tuple[EnvTrainer, AutoPlan | None]:
+    """`build_trainer`'s trainer, and auto-placement's plan when it chose the layout."""
     if setup is None:
         setup = warm_start(cfg, make_setup(cfg))
     # Auto-placement times JAX env layouts; a host simulator has one runner.
@@ -32,6 +40,5 @@ def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement 
         plan = auto_placement(cfg, setup, resolve_num_devices(cfg.cluster.num_devices), log=log)
         if log:
             log(f"auto-placement: chose {plan.chosen.candidate.name} ({plan.placement.mode}) after {plan.profile_sec:.1f} s of profiling")
-        plan.trainer.auto_plan = plan
-        return plan.trainer
-    return placed_trainer(cfg, setup, placement)
+        return plan.trainer, plan
+    return placed_trainer(cfg, setup, placement), None

@@ -8,14 +8,9 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.embodied import POLICIES
 from rlinf_jax.policies.mlp import ACTIVATIONS
+from rlinf_jax.tasks.env_rl.keys import COMPUTE_DTYPES, ENV, HOST
 
 COMMON = {"runner.*", "cluster.*", "algorithm.name", "flow.*"}
-ENV = {
-    "env.suite", "env.name", "env.backend", "env.num_envs", "env.num_eval_envs", "env.episode_length",
-    "env.reset_mode", "env.action_repeat",
-}
-HOST = {"env.num_workers", "env.worker_python", "env.step_timeout_s", "env.gym_kwargs", "env.camera", "env.assets_dir",
-        "env.worker_cpus", "env.worker_start_timeout_s", "env.max_worker_restarts"}
 TABLETOP = {"env.chunk_length", "env.image_size", "env.group_size", "env.layout", "env.terminate_on_success"}
 PPO = {
     "algorithm.adv_type", "algorithm.loss_type", "algorithm.rollout_length", "algorithm.update_epochs",
@@ -82,7 +77,6 @@ def reads(cfg: Config) -> Reads:
 # Compute dtypes of the VLA backbone (its parameters stay float32).
 VLA_DTYPES = ("float32", "bfloat16")
 # The control MLP's compute dtypes (actor.model.compute_dtype).
-COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def check(cfg: Config) -> None:

@@ -41,11 +41,9 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         # flow.num_micro_batches, with the same PPO maths.
         trainer = HostPPO(cfg, setup, placement, devices)
     elif runners.fused(cfg.flow, placement):
-        trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices))
+        trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices), placement)
     else:
         trainer = StagedPPO(cfg, setup, placement, devices)
-    trainer.placement = placement
-    trainer.auto_plan = None
     return seed_batch(trainer, seeds, lambda: why_not_batched(cfg, setup, trainer))
 
 

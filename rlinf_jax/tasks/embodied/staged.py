@@ -35,7 +35,7 @@ from rlinf_jax.envs.base import EnvState
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.channel import Channel
 from rlinf_jax.flow.stage import Stage
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.rollout import env_keys, env_step, step_keys, unroll
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import (
@@ -81,7 +81,7 @@ class _Stage(Stage):
         return put(tree, replicated(self.mesh) if batch_dim is None else batch_sharding(self.mesh, batch_dim))
 
 
-class StagedPPO(Trainer):
+class StagedPPO(EnvTrainer):
     def __init__(self, cfg: Config, setup: Setup, placement: Placement, devices=None):
         devices = jax.devices() if devices is None else devices
         env = setup.env

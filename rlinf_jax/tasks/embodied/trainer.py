@@ -20,10 +20,10 @@ from rlinf_jax.algos import get_advantage, get_policy_loss
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.base import reports_success
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import FusedTrainer
 from rlinf_jax.rollout import episode_frames, evaluate_policy
 from rlinf_jax.runtime.media import image_strip
-from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, rules_from_config
+from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, param_shardings, rules_from_config
 from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
@@ -51,10 +51,13 @@ def check_batch(cfg: Config, setup: Setup, mesh) -> None:
         )
 
 
-class PPOTrainer(Trainer):
-    def __init__(self, cfg: Config, setup: Setup, mesh):
+class PPOTrainer(FusedTrainer):
+    """``placement``: the run's layout (all collocated on ``mesh``), None where the trainer
+    serves as a staged runner's learner half or as the planner's stand-in."""
+
+    def __init__(self, cfg: Config, setup: Setup, mesh, placement: Placement | None = None):
         check_batch(cfg, setup, mesh)
-        self.cfg, self.mesh, self.setup = cfg, mesh, setup
+        self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
         self._frames_fns: dict = {}
         self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy
         self.graphdef, self._init_params = setup.graphdef, setup.params

@@ -10,7 +10,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.mlp import ACTIVATIONS
 from rlinf_jax.envs.host.suite import is_host_suite
-from rlinf_jax.tasks.embodied.config import COMPUTE_DTYPES, ENV, HOST
+from rlinf_jax.tasks.env_rl.keys import COMPUTE_DTYPES, ENV, HOST
 
 ALGORITHMS = ("sac", "crossq", "rlpd", "iql")
 # The device components a placement maps; the replay buffer lives with the learner (the

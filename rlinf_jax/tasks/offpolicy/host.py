@@ -29,13 +29,13 @@ import numpy as np
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.rollout import env_keys
-from rlinf_jax.sharding import replicate
+from rlinf_jax.sharding import Placement, component_mesh, replicate
 from rlinf_jax.sharding.mesh import replicated
-from rlinf_jax.tasks.embodied.host import HostPools
+from rlinf_jax.tasks.env_rl.pools import HostPools
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
@@ -50,8 +50,9 @@ class HostOffPolicyState:
     obs: np.ndarray  # the batch's current observations [num_envs, obs]
 
 
-class HostOffPolicy(HostPools, Trainer):
-    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
+class HostOffPolicy(HostPools, EnvTrainer):
+    def __init__(self, cfg: Config, setup: OffPolicySetup, placement: Placement, devices):
+        mesh = component_mesh(placement, "actor", devices)
         if is_multiprocess():
             raise BadInput(
                 "the off-policy family on a host simulator runs in one process: start it with "
@@ -66,7 +67,7 @@ class HostOffPolicy(HostPools, Trainer):
             )
         if setup.learner.settings.offline_iterations:
             raise BadInput("algorithm.offline_iterations: offline learning needs no simulator; train iql on a JAX env")
-        self.cfg, self.mesh, self.setup = cfg, mesh, setup
+        self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
         self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
         self.learner = learner = dataclasses.replace(setup.learner, batch_sharding=replicated(mesh))
         s = learner.settings

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.rollout import env_keys
 from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, component_mesh, shard_batch
 from rlinf_jax.sharding.mesh import fetch, put, replicated
@@ -37,7 +37,7 @@ from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 
 
-class StagedOffPolicy(Trainer):
+class StagedOffPolicy(EnvTrainer):
     def __init__(self, cfg: Config, setup: OffPolicySetup, placement: Placement, devices):
         staleness = cfg.flow.max_staleness
         if staleness > 1:

@@ -18,10 +18,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import Trainer
+from rlinf_jax.flow.trainer import FusedTrainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.rollout import evaluate_policy
-from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate
+from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, replicate
 from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
@@ -80,13 +80,16 @@ def empty_replay(learner: lib.Learner, setup: OffPolicySetup, obs, action_size: 
     return replay
 
 
-class OffPolicyTrainer(Trainer):
-    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
+class OffPolicyTrainer(FusedTrainer):
+    """``placement``: the run's layout (all collocated on ``mesh``), None where the trainer
+    serves as a staged runner's learner half or as the planner's stand-in."""
+
+    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh, placement: Placement | None = None):
         n = batch_divisor(mesh)
         for name, env in (("env.num_envs", setup.env), ("env.num_eval_envs", setup.eval_env)):
             if env.num_envs % n:
                 raise BadInput(f"{name}={env.num_envs} is not divisible by the {n} devices of the mesh; use a multiple of {n}")
-        self.cfg, self.mesh, self.setup = cfg, mesh, setup
+        self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
         self.env, self.eval_env = setup.env, setup.eval_env
         self.learner = dataclasses.replace(setup.learner, batch_sharding=replicated(mesh))
         s = self.learner.settings

@@ -65,7 +65,7 @@ class VLASFTTrainer(Trainer):
     def __init__(self, cfg: Config, core: PPOTrainer):
         self.cfg, self.core = cfg, core
         self.policy, self.graphdef = core.policy, core.graphdef
-        self.placement, self.auto_plan = core.placement, None
+        self.placement = core.placement
         self.tx = cloning.sft_optimizer(cfg)
         self.data = None
 
