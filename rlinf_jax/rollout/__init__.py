@@ -6,9 +6,10 @@ from rlinf_jax.rollout.env_rollout import (
     env_keys,
     env_step,
     episode_frames,
+    evaluate_from,
     evaluate_policy,
     step_keys,
     unroll,
 )
 
-__all__ = ["Transition", "env_keys", "env_step", "episode_frames", "evaluate_policy", "step_keys", "unroll"]
+__all__ = ["Transition", "env_keys", "env_step", "episode_frames", "evaluate_from", "evaluate_policy", "step_keys", "unroll"]

@@ -104,7 +104,11 @@ def evaluate_policy(
     A `while_loop` stops as soon as every episode is over, so early failures are cheap.
     ``place`` pins the initial state's layout (e.g. shards the env batch over devices).
     """
-    state = place(env.reset(key))
+    return evaluate_from(env, policy, place(env.reset(key)), max_steps)
+
+
+def evaluate_from(env: Env, policy: Callable[[jax.Array], jax.Array], state: EnvState, max_steps: int):
+    """`evaluate_policy` from the reset state ``state``: one episode per env."""
     zeros = jnp.zeros_like(state.reward)
 
     def cond(carry):
