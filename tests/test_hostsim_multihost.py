@@ -41,6 +41,17 @@ RUN = [
 ]
 
 
+# SAC on the same simulator: the learner whole on each host's device.
+SAC = [
+    "--config-name", "sac_gym_mujoco",
+    "env.num_envs=8", "env.num_eval_envs=4", "env.episode_length=20", "env.num_workers=1",
+    "algorithm.rollout_length=4", "algorithm.utd_ratio=2", "algorithm.batch_size=16", "algorithm.learning_starts=16",
+    "algorithm.replay_size=512", "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
+    "runner.save_interval=2", "runner.log_interval=1", "runner.eval_interval=2",
+    "runner.progress_bar=false", "runner.tensorboard=false", "cluster.num_devices=all",
+]
+
+
 def _numbers(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k} for r in read_metrics(run_dir)]
 
@@ -90,3 +101,23 @@ def test_env_and_rollout_on_different_hosts_are_refused_in_one_line(ray_address,
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = _error_lines(proc.stderr)
     assert len(errors) == 1 and "place env and rollout on the same hosts" in errors[0], proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sac_on_two_hosts_matches_one_host_across_a_resume(ray_address, tmp_path):
+    """The off-policy family across hosts: each process steps the envs of its rows and every
+    process takes the same learner step on the joined batch (one device per host), so two
+    hosts log one host's numbers, through a resume with the buffer in the checkpoint."""
+    for steps in (2, 3):
+        args = [f"runner.max_steps={steps}", "runner.resume=auto", f"runner.output_dir={tmp_path}"]
+        proc = subprocess.run([sys.executable, "-m", "rlinf_jax.train", *SAC, *args, "runner.experiment_name=one_host"],
+                              capture_output=True, text=True, timeout=600, env=forced_devices_env(1))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = _launch(ray_address, *SAC, *args, "runner.experiment_name=two_hosts", devices=1)
+        assert proc.returncode == 0, test_launch._launcher_lines(proc.stderr) or proc.stderr[-3000:]
+    ref, got = _numbers(tmp_path / "one_host"), _numbers(tmp_path / "two_hosts")
+    assert [r["step"] for r in ref] == [0, 1, 2, 3]
+    assert ref[-1]["train/gradient_steps"] > 0 and sum(r.get("env/episodes", 0) for r in ref) > 0
+    _assert_close(got, ref)
+    placement = json.loads((tmp_path / "two_hosts" / "placement.json").read_text())
+    assert placement["runner"] == "HostOffPolicy" and placement["components"]["actor"]["devices"] == [0, 1]

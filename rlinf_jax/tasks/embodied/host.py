@@ -61,7 +61,7 @@ from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, stats_size
 from rlinf_jax.tasks.embodied.trainer import check_batch
-from rlinf_jax.tasks.env_rl.pools import HostPools
+from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 
 
 @dataclass
@@ -78,12 +78,6 @@ def _put(buf, index, value) -> None:
 
 def _take(tree, index):
     return jax.tree.map(lambda x: x[index], tree)
-
-
-def _local(tree):
-    """This process's copy of replicated arrays: a jitted call on them and on host data of
-    this process alone runs on its own device, with no collective."""
-    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
 
 
 class HostPPO(HostPools, EnvTrainer):
@@ -236,9 +230,9 @@ class HostPPO(HostPools, EnvTrainer):
         """``tree`` (replicated on the actor's mesh, or host data) as this process's copy on
         its rollout device; None on a process without one. Every process calls it: moving
         between meshes may cross hosts."""
-        # Free when already laid out so; it also pins the copy `_local` reads to a whole one.
+        # Free when already laid out so; it also pins the copy `local_copy` reads to a whole one.
         tree = put(tree, replicated(self.rollout_mesh))
-        return _local(tree) if self._rollout_here else None
+        return local_copy(tree) if self._rollout_here else None
 
     def _to_actor(self, tree, batch_dim: int):
         """Every process's rows (host arrays, the rollout's cut) as one batch on the actor's mesh."""

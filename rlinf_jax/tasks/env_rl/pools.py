@@ -15,6 +15,12 @@ from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import fetch, from_process_rows
 
 
+def local_copy(tree):
+    """This process's copy of replicated arrays: a jitted call on them and on host data of
+    this process alone runs on its own device, with no collective."""
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+
+
 def pool_limits(e: EnvConfig) -> dict:
     """A worker pool's deadlines and restart cap, from the ``env:`` section ``e``."""
     return {"step_timeout_s": e.step_timeout_s, "start_timeout_s": e.worker_start_timeout_s,

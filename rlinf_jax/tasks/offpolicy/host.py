@@ -21,6 +21,7 @@ for bit.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 import jax
@@ -33,14 +34,16 @@ from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.rollout import env_keys
-from rlinf_jax.sharding import Placement, component_mesh, replicate
+from rlinf_jax.sharding import Placement, component_mesh, fetch, from_process_rows, process_rows, put, replicate
 from rlinf_jax.sharding.mesh import replicated
-from rlinf_jax.tasks.env_rl.pools import HostPools
+from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
 from rlinf_jax.tasks.offpolicy.trainer import empty_replay, initial_state
 
+# What the learner and the logs read of the pool after each env step.
+STEP_ARRAYS = ("done", "truncated", "reward", "final_obs", "obs", "episode_return", "episode_length")
 ENV_SUMS = ("env/return_sum", "env/length_sum", "env/episodes", "rollout/reward_mean", "rollout/random_actions")
 
 
@@ -53,13 +56,15 @@ class HostOffPolicyState:
 class HostOffPolicy(HostPools, EnvTrainer):
     def __init__(self, cfg: Config, setup: OffPolicySetup, placement: Placement, devices):
         mesh = component_mesh(placement, "actor", devices)
-        if is_multiprocess():
-            raise BadInput(
-                "the off-policy family on a host simulator runs in one process: start it with "
-                "python -m rlinf_jax.train, not the multi-host launcher"
-            )
-        if len(mesh.devices.flat) != 1:
+        per_process = Counter(d.process_index for d in mesh.devices.flat)
+        if not is_multiprocess() and len(mesh.devices.flat) != 1:
             raise BadInput("a host simulator (env.suite=gym) trains on one device; set cluster.num_devices=1")
+        if set(per_process.values()) != {1} or len(per_process) != jax.process_count():
+            raise BadInput(
+                "the off-policy family on host simulators keeps a whole learner on one device of every host "
+                f"(got {dict(sorted(per_process.items()))} devices per process): launch with one device per host "
+                "and cluster.num_devices=all"
+            )
         if cfg.flow.max_staleness or cfg.flow.num_micro_batches != 1:
             raise BadInput(
                 "the off-policy family on a host simulator runs synchronously: set flow.max_staleness=0 and "
@@ -76,6 +81,12 @@ class HostOffPolicy(HostPools, EnvTrainer):
         self.grad_steps_per_iteration = s.rollout_length * s.utd_ratio
         self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh) if s.demo_batch else None
         num_envs = s.num_envs
+        # Across hosts each process steps the envs of its rows and every process learns the
+        # same step on the whole batch (the learner replicated, one device per host): the
+        # rows join on every host after each env step, so a host's actions, transitions and
+        # updates are one process's, and so are the numbers.
+        self.rows = process_rows(mesh, num_envs)
+        self.eval_rows = process_rows(mesh, self.eval_env.num_envs)
 
         def act(params, stats, obs, key, warm):
             return lib.choose_action(learner, params, stats, obs, env_keys(key, num_envs), warm)
@@ -90,6 +101,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
         self._finish = jax.jit(lambda ts, sums, key: lib.finish_iteration(learner, ts, sums, key, ts.actor,
                                                                           ts.obs_stats))
         self._greedy = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
+        self._greedy_local = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
         # An iteration's zero sums: traced once (untraced, finding their shapes retraces the learner every iteration).
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos))
 
@@ -115,7 +127,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
             restored = restored.replace(replay=empty_replay(self.learner, self.setup, obs, self.env.action_size))
         self._open_pool(restored.env_state["episode_index"])
         learner = replicate(restored.replace(env_state=None), self.mesh)
-        return HostOffPolicyState(learner=learner, obs=np.array(self.pool.arrays["obs"]))
+        return HostOffPolicyState(learner=learner, obs=self._joined({"obs": self.pool.arrays["obs"]})["obs"])
 
     def snapshot(self, s: HostOffPolicyState) -> OffPolicyState:
         ts = s.learner.replace(env_state={"episode_index": self.env_counters()})
@@ -128,21 +140,35 @@ class HostOffPolicy(HostPools, EnvTrainer):
     def compile(self, s: HostOffPolicyState, eval_key) -> None:
         """The acting, learning and evaluation programs compiled ahead of the first chunk."""
         ts, B = s.learner, self.env.num_envs
-        f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-        key = jax.ShapeDtypeStruct(ts.key.shape, ts.key.dtype)
-        warm = jax.ShapeDtypeStruct((), jnp.bool_)
+        rep = replicated(self.mesh)  # host data enters whole on the learner's device(s)
+        f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
+        key = jax.ShapeDtypeStruct(ts.key.shape, ts.key.dtype, sharding=rep)
+        warm = jax.ShapeDtypeStruct((), jnp.bool_, sharding=rep)
         obs, action = f32(B, self.env.observation_size), f32(B, self.env.action_size)
         self._act = self._act.lower(ts.actor, ts.obs_stats, obs, key, warm).compile()
         transition = TransitionBatch(obs=obs, action=action, reward=f32(B), next_obs=obs, terminated=f32(B))
         sums = self._zero_metrics(ts, self.demos)
         self._learn = self._learn.lower(ts, sums, transition, self.demos, key).compile()
-        eval_obs = f32(self.eval_env.num_envs, self.env.observation_size)
-        self._greedy = self._greedy.lower(ts.actor, ts.obs_stats, eval_obs).compile()
+        if not is_multiprocess():  # across hosts each process acts on its own eval rows (`_eval_act`)
+            eval_obs = f32(self.eval_env.num_envs, self.env.observation_size)
+            self._greedy = self._greedy.lower(ts.actor, ts.obs_stats, eval_obs).compile()
 
     def meta(self) -> dict:
         return {"algorithm": self.learner.settings.algorithm}
 
     # ----------------------------------------------------------------- iterations
+    def _joined(self, rows: dict) -> dict:
+        """This process's rows of the env batch (host arrays) -> the whole batch, on every
+        process (one gather across hosts; copies on one)."""
+        if not is_multiprocess():
+            return {k: np.array(v) for k, v in rows.items()}
+        return fetch(from_process_rows(rows, self.mesh, self.env.num_envs))
+
+    def _on_mesh(self, tree):
+        """Host data, the same on every process, as arguments of the learner's programs
+        (replicated over its devices across hosts; as they are on one process)."""
+        return put(tree, replicated(self.mesh)) if is_multiprocess() else tree
+
     def run_iterations(self, s: HostOffPolicyState, n: int):
         totals = None
         for _ in range(n):
@@ -159,21 +185,22 @@ class HostOffPolicy(HostPools, EnvTrainer):
         env_steps = int(ts.env_steps)
         learn_sums = self._zero_metrics(ts, self.demos)
         env_sums = dict.fromkeys(ENV_SUMS, 0.0)
+        lo, hi = self.rows
         for t in range(steps):
             warm = np.bool_(lib.warming_up(learner, env_steps + t))
-            action = np.asarray(self._act(ts.actor, ts.obs_stats, s.obs, env_keys_[t], warm))
-            pool.step(action)
-            done, truncated = arr["done"].copy(), arr["truncated"].copy()
-            reward = arr["reward"].copy()
+            action = np.asarray(fetch(self._act(ts.actor, ts.obs_stats, self._on_mesh(s.obs), env_keys_[t], warm)))
+            pool.step(action[lo:hi])
+            out = self._joined({k: arr[k] for k in STEP_ARRAYS})
+            done, truncated, reward = out["done"], out["truncated"], out["reward"]
             transition = TransitionBatch(obs=s.obs, action=action, reward=reward,
-                                         next_obs=arr["final_obs"].copy(), terminated=done * (1.0 - truncated))
-            env_sums["env/return_sum"] += float(np.sum(arr["episode_return"] * done))
-            env_sums["env/length_sum"] += float(np.sum(arr["episode_length"] * done))
+                                         next_obs=out["final_obs"], terminated=done * (1.0 - truncated))
+            env_sums["env/return_sum"] += float(np.sum(out["episode_return"] * done))
+            env_sums["env/length_sum"] += float(np.sum(out["episode_length"] * done))
             env_sums["env/episodes"] += float(np.sum(done))
             env_sums["rollout/reward_mean"] += float(np.mean(reward))
             env_sums["rollout/random_actions"] += float(warm)
-            s.obs = arr["obs"].copy()
-            ts, learn_sums = self._learn(ts, learn_sums, transition, self.demos, learn_keys[t])
+            s.obs = out["obs"]
+            ts, learn_sums = self._learn(ts, learn_sums, self._on_mesh(transition), self.demos, learn_keys[t])
         sums = {**learn_sums, **{k: jnp.float32(v) for k, v in env_sums.items()}}
         s.learner, sums = self._finish(ts, sums, key)
         return sums
@@ -186,11 +213,19 @@ class HostOffPolicy(HostPools, EnvTrainer):
         """The deterministic policy ``obs -> action`` of the given parameters."""
         return lambda obs: self._greedy(actor_params, stats, obs)
 
+    def _eval_act(self, actor_params, stats):
+        """``pool -> actions`` of this process's eval envs: across hosts each process acts on
+        its own rows with its copy of the parameters, on its device, with no collective."""
+        if not is_multiprocess():
+            return lambda pool: self._greedy(actor_params, stats, np.array(pool.arrays["obs"]))
+        params, stats = local_copy((actor_params, stats))
+        return lambda pool: self._greedy_local(params, stats, np.array(pool.arrays["obs"]))
+
     def run_eval(self, s: HostOffPolicyState, key) -> dict:
         return self.evaluate(s.learner.actor, s.learner.obs_stats, key)
 
     def evaluate(self, actor_params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
-        episodes = self.eval_episodes(lambda pool: self._greedy(actor_params, stats, np.array(pool.arrays["obs"])), key)
+        episodes = self.eval_episodes(self._eval_act(actor_params, stats), key)
         return {"eval/return": float(np.mean(episodes["return"])), "eval/return_std": float(np.std(episodes["return"])),
                 "eval/episode_length": float(np.mean(episodes["length"])) * self.substeps}
