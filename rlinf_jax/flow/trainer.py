@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import jax
+import jax.numpy as jnp
+
 from rlinf_jax.sharding import Placement
+from rlinf_jax.sharding.mesh import put
 
 
 def missing(trainer: Any, what: str) -> NotImplementedError:
@@ -106,13 +110,31 @@ class EnvTrainer(Trainer):
 
 
 class FusedTrainer(EnvTrainer):
-    """An `EnvTrainer` whose chunk of iterations is one pure program over one state; what
-    `flow.seeds.SeedBatch` needs of the member runs it trains side by side."""
+    """The fused layout: a chunk of iterations in one jitted program over one state, on one
+    mesh. This class is the layout's machinery (placing, compiling ahead of time, running
+    chunks and evaluations); a subclass supplies the algorithm's pure parts, which is also
+    what `flow.seeds.SeedBatch` vmaps to train seeds side by side:
 
-    # ``chunk_fn(state, *chunk_args, n) -> (state, sums)``: pure, so that it can be vmapped.
+    - ``chunk_fn(state, *chunk_args, n) -> (state, sums)`` and ``chunk_args``;
+    - `fresh_state`, `complete`, `shardings`;
+    - ``_evaluate(*eval_args(state), key) -> metrics`` and `eval_args` (the parts of the
+      state a policy's evaluation reads: the planner and the staged runners call
+      ``evaluate`` on those parts alone);
+    - `summarize` (`EnvTrainer`).
+
+    The subclass's ``__init__`` ends with `fuse`, which jits the programs.
+    """
+
+    mesh: Any = None
     chunk_fn: Any = None
     chunk_args: tuple = ()
 
+    def fuse(self) -> None:
+        """Jits the chunk (its state donated) and the evaluation."""
+        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
+        self.evaluate = jax.jit(self._evaluate)
+
+    # ---------------------------------------------------------- the algorithm's parts
     def fresh_state(self, seed: int | None = None) -> Any:
         """A run's unplaced state of step 0 for ``seed`` (default ``runner.seed``)."""
         raise missing(self, "fresh_state")
@@ -125,6 +147,40 @@ class FusedTrainer(EnvTrainer):
         """Where each leaf of one run's ``state`` (real or abstract) lives."""
         raise missing(self, "shardings")
 
+    def eval_args(self, state: Any) -> tuple:
+        """The parts of ``state`` the evaluation reads (parameters, observation statistics)."""
+        raise missing(self, "eval_args")
+
+    def _evaluate(self, *args: Any) -> dict:
+        raise missing(self, "_evaluate")
+
     def eval_fn(self, state: Any, key: Any) -> dict:
         """The evaluation of a state's policy: pure, so that it can be vmapped."""
-        raise missing(self, "eval_fn")
+        return self._evaluate(*self.eval_args(state), key)
+
+    # ---------------------------------------------------------- the layout's machinery
+    def place(self, state: Any) -> Any:
+        return put(state, self.shardings(state))
+
+    def init(self) -> Any:
+        return self.place(self.fresh_state())
+
+    def start(self, restored: Any) -> Any:
+        return self.place(self.complete(restored))
+
+    def progress(self, state: Any) -> tuple[int, int]:
+        return int(state.step), int(state.bad_iterations)
+
+    def compile(self, state: Any, eval_key: Any) -> None:
+        """Compiles ahead of time so that the first chunk's timing is pure execution."""
+        self._chunk = self.run_chunk.lower(state, *self.chunk_args, jnp.int32(1)).compile()
+        self.compile_eval(state, eval_key)
+
+    def compile_eval(self, state: Any, eval_key: Any) -> None:
+        self._eval = self.evaluate.lower(*self.eval_args(state), eval_key).compile()
+
+    def run_iterations(self, state: Any, n: int) -> tuple[Any, Any]:
+        return self._chunk(state, *self.chunk_args, jnp.int32(n))
+
+    def run_eval(self, state: Any, key: Any) -> dict:
+        return self._eval(*self.eval_args(state), key)

@@ -207,10 +207,10 @@ class StagedPPO(EnvTrainer):
         # every stage on copies so that timings after this are pure execution.
         probe = self.start(self.snapshot(s))
         self.run_iterations(probe, 1)
-        self.core._eval = self.core.evaluate.lower(s.learner.params, s.learner.obs_stats, eval_key).compile()
+        self.core.compile_eval(s.learner, eval_key)
 
     def run_eval(self, s: StagedState, key) -> dict:
-        return self.core._eval(s.learner.params, s.learner.obs_stats, key)
+        return self.core.run_eval(s.learner, key)
 
     def summarize(self, sums, n):
         return self.core.summarize(sums, n)

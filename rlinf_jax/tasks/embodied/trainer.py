@@ -24,7 +24,7 @@ from rlinf_jax.flow.trainer import FusedTrainer
 from rlinf_jax.rollout import episode_frames, evaluate_from, evaluate_policy
 from rlinf_jax.runtime.media import image_strip
 from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, param_shardings, rules_from_config
-from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
+from rlinf_jax.sharding.mesh import batch_shardings, replicated
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, fresh_state
@@ -79,14 +79,9 @@ class PPOTrainer(FusedTrainer):
         )
         # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
         self.chunk_fn = functools.partial(ppo.run_chunk, self.env, self.learner)
-        self.chunk_args = ()
-        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
-        self.evaluate = jax.jit(self._evaluate)
+        self.fuse()
 
     # ----------------------------------------------------------------- state
-    def init(self) -> TrainState:
-        return self.place(self.fresh_state())
-
     def fresh_state(self, seed: int | None = None) -> TrainState:
         """A run's state of step 0, unplaced: the setup's parameters for ``runner.seed``
         (the default), a fresh model's for another ``seed``."""
@@ -104,15 +99,11 @@ class PPOTrainer(FusedTrainer):
         """A checkpoint's state as the running state (it holds everything), unplaced."""
         return restored
 
-    def place(self, ts: TrainState) -> TrainState:
-        """Splits the env batch over the batch axes, lays parameters and optimiser state
-        out by the partition rules (replicated on a pure data mesh, FSDP-split on an
-        ``fsdp`` axis) and replicates the rest."""
-        return put(ts, self.shardings(ts))
-
     def shardings(self, ts: TrainState) -> TrainState:
-        """Where `place` puts each leaf of ``ts`` (real or abstract: the planner lays out
-        the state it never allocates with these)."""
+        """The env batch split over the batch axes, parameters and optimiser state laid out
+        by the partition rules (replicated on a pure data mesh, FSDP-split on an ``fsdp``
+        axis), the rest replicated: where `place` puts each leaf of ``ts`` (real or
+        abstract: the planner lays out the state it never allocates with these)."""
         rest = jax.tree.map(lambda _: replicated(self.mesh), ts.replace(env_state=None, params=None, opt_state=None))
         params, opt_state = (param_shardings(t, self.mesh, self.rules) for t in (ts.params, ts.opt_state))
         return rest.replace(
@@ -129,31 +120,8 @@ class PPOTrainer(FusedTrainer):
     def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
         return ppo.summarize(sums, num_iterations, self.substeps, self.has_success)
 
-    # ---------------------------------------------------------- trainer protocol
-    def start(self, ts: TrainState) -> TrainState:
-        """A (restored) checkpoint state -> the runner's state, placed on devices."""
-        return self.place(self.complete(ts))
-
-    def progress(self, ts: TrainState) -> tuple[int, int]:
-        return int(ts.step), int(ts.bad_iterations)
-
-    def compile(self, ts: TrainState, eval_key) -> None:
-        """Compiles ahead of time so the first chunk's timing is pure execution."""
-        self._chunk = self.run_chunk.lower(ts, jnp.int32(1)).compile()
-        self._eval = self.evaluate.lower(ts.params, ts.obs_stats, eval_key).compile()
-
-    def run_iterations(self, ts: TrainState, n: int):
-        return self._chunk(ts, jnp.int32(n))
-
-    def run_eval(self, ts: TrainState, key) -> dict:
-        return self._eval(ts.params, ts.obs_stats, key)
-
-    def flow_stats(self) -> dict[str, float]:
-        return {}
-
-    def eval_fn(self, ts: TrainState, key) -> dict:
-        """The evaluation of a state's policy (pure: a seed batch vmaps it)."""
-        return self._evaluate(ts.params, ts.obs_stats, key)
+    def eval_args(self, ts: TrainState) -> tuple:
+        return ts.params, ts.obs_stats
 
     # -------------------------------------------------------------- evaluation
     def deterministic(self, params, stats):

@@ -87,7 +87,8 @@ class StagedOffPolicy(EnvTrainer):
         # Traced once, not every iteration: the zeros the learner's sums start from.
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos),
                                      out_shardings=replicated(self.actor_mesh))
-        self.run_eval = self.core.run_eval
+        # The learner's evaluation and policy are the fused trainer's (what `evaluate` and
+        # `restore_policy` call on a checkpoint's state).
         self.evaluate = self.core.evaluate
         self.policy = self.core.policy
 
@@ -114,6 +115,9 @@ class StagedOffPolicy(EnvTrainer):
 
     def compile(self, ts, eval_key) -> None:
         self.core.compile_eval(ts, eval_key)
+
+    def run_eval(self, ts, key) -> dict:
+        return self.core.run_eval(ts, key)
 
     def summarize(self, sums: dict, n: int) -> dict[str, float]:
         return self.core.summarize(sums, n)

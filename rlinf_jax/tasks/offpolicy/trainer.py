@@ -22,7 +22,7 @@ from rlinf_jax.flow.trainer import FusedTrainer
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.rollout import evaluate_policy
 from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, replicate
-from rlinf_jax.sharding.mesh import batch_shardings, put, replicated
+from rlinf_jax.sharding.mesh import batch_shardings, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, seeded
@@ -103,8 +103,7 @@ class OffPolicyTrainer(FusedTrainer):
         # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
         self.chunk_fn = functools.partial(lib.run_chunk, self.env, self.learner)
         self.chunk_args = (self.demos,)
-        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
-        self.evaluate = jax.jit(self._evaluate)
+        self.fuse()
 
     # ----------------------------------------------------------------- state
     def fresh_state(self, seed: int | None = None) -> OffPolicyState:
@@ -120,9 +119,6 @@ class OffPolicyTrainer(FusedTrainer):
         """A new buffer (for iql holding the dataset, which it learns from first)."""
         return empty_replay(self.learner, self.setup, env_state.obs, self.env.action_size)
 
-    def init(self) -> OffPolicyState:
-        return self.place(self.fresh_state())
-
     def shardings(self, ts: OffPolicyState) -> OffPolicyState:
         """The env batch and the buffer's rows split over the batch axes; the rest replicated
         (of real or abstract state: how the planner lays out a state it never allocates)."""
@@ -131,9 +127,6 @@ class OffPolicyTrainer(FusedTrainer):
         replay = ts.replay.replace(experience=batch_shardings(ts.replay.experience, self.mesh, n),
                                    current_index=rep, is_full=rep)
         return rest.replace(env_state=batch_shardings(ts.env_state, self.mesh, n), replay=replay)
-
-    def place(self, ts: OffPolicyState) -> OffPolicyState:
-        return put(ts, self.shardings(ts))
 
     # ---------------------------------------------------------- trainer protocol
     def snapshot(self, ts: OffPolicyState):
@@ -147,28 +140,8 @@ class OffPolicyTrainer(FusedTrainer):
             restored = restored.replace(replay=self.empty_replay(restored.env_state))
         return restored
 
-    def start(self, restored) -> OffPolicyState:
-        return self.place(self.complete(restored))
-
-    def progress(self, ts: OffPolicyState) -> tuple[int, int]:
-        return int(ts.step), int(ts.bad_iterations)
-
-    def compile(self, ts: OffPolicyState, eval_key) -> None:
-        self._chunk = self.run_chunk.lower(ts, self.demos, jnp.int32(1)).compile()
-        self.compile_eval(ts, eval_key)
-
-    def compile_eval(self, ts: OffPolicyState, eval_key) -> None:
-        self._eval = self.evaluate.lower(ts.actor, ts.obs_stats, eval_key).compile()
-
-    def run_iterations(self, ts: OffPolicyState, n: int):
-        return self._chunk(ts, self.demos, jnp.int32(n))
-
-    def run_eval(self, ts: OffPolicyState, key) -> dict:
-        return self._eval(ts.actor, ts.obs_stats, key)
-
-    def eval_fn(self, ts: OffPolicyState, key) -> dict:
-        """The evaluation of a state's actor (pure: a seed batch vmaps it)."""
-        return self._evaluate(ts.actor, ts.obs_stats, key)
+    def eval_args(self, ts: OffPolicyState) -> tuple:
+        return ts.actor, ts.obs_stats
 
     def summarize(self, sums: dict, n: int) -> dict[str, float]:
         return lib.summarize(sums, n, self.learner.settings.rollout_length, self.substeps)
