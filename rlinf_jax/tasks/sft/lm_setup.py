@@ -25,6 +25,7 @@ from rlinf_jax.rewards.split import SplitRewards
 from rlinf_jax.rollout.lm_io import PromptEncoder, make_sampler, pad_id, stop_tokens
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 from rlinf_jax.rollout.scoring import score_dataset
+from rlinf_jax.sharding import Placement
 from rlinf_jax.sharding.mesh import fetch
 from rlinf_jax.tasks.sft.lm_model import checkpoint_meta, load_policy
 
@@ -111,9 +112,14 @@ SHOWN_SAMPLES = 8  # held-out answers shown in TensorBoard at each evaluation
 
 class LMTrainer(Trainer):
     """What the sft and reasoning trainers share: the data cursor and model config in each
-    checkpoint's metadata, progress read from the state, the reward's processes closed."""
+    checkpoint's metadata, progress read from the state, the reward's processes closed.
+    Besides `Trainer`, the LM loop (`tasks.sft.loop`) reads exactly the attributes below;
+    each trainer sets them in its constructor."""
 
     task: str  # the runner.task the checkpoints record
+    placement: Placement  # the layout it runs (placement.json)
+    model_source: str  # where the weights came from (placement.json, for people)
+    samples_per_iteration: int  # sequences one iteration trains on (the run summary's throughput)
     last_samples: list | None = None  # the newest evaluation's first held-out records
     lm: LMSetup
     loader: PromptLoader
