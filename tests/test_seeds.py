@@ -14,6 +14,7 @@ import pytest
 import rlinf_jax as rj
 from rlinf_jax.config import load_config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.replay import TransitionBatch, write_transitions
 from rlinf_jax.runtime import Checkpointer
 from rlinf_jax.flow import seeds
 from rlinf_jax.flow.seeds import SeedBatch, interval, resolve_seeds
@@ -106,6 +107,29 @@ def _chunk(trainer, iterations: int):
                              "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"], 1e-5),
 ], ids=["ppo", "sac", "crossq", "ppo-playground"])
 def test_each_seed_equals_the_same_seed_trained_alone(recipe, build, overrides, rtol):
+    _each_seed_equals_alone(recipe, build, overrides, rtol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["rlpd_brax", "iql_brax"])
+def test_each_seed_equals_alone_when_learning_from_a_dataset(recipe, tmp_path):
+    """RLPD (demonstrations in every batch, a fixed argument of the vmapped chunk) and IQL
+    (the dataset preloaded into each run's buffer, offline iterations first)."""
+    n, rng = 512, np.random.default_rng(0)
+    demos = TransitionBatch(
+        obs=rng.normal(size=(n, 4)).astype(np.float32), action=rng.uniform(-1, 1, (n, 1)).astype(np.float32),
+        reward=rng.normal(size=n).astype(np.float32), next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+        terminated=(rng.uniform(size=n) < 0.05).astype(np.float32),
+    )
+    path = write_transitions(tmp_path / "demos.parquet", demos, np.zeros(n), np.zeros(n))
+    overrides = [*TINY_SAC, f"algorithm.demo_path={path}", "algorithm.learning_starts=64", "algorithm.rollout_length=8",
+                 "algorithm.utd_ratio=4"]
+    if recipe == "iql_brax":  # two offline iterations, then one online
+        overrides.append("algorithm.offline_iterations=2")
+    _each_seed_equals_alone(recipe, build_offpolicy, overrides, 2e-3)
+
+
+def _each_seed_equals_alone(recipe, build, overrides, rtol):
     batch = build(load_run_config(recipe, [*overrides, "runner.seeds=[0,3]"]))
     assert isinstance(batch, SeedBatch) and batch.num_runs == 2
     state, metrics, evaluation = _chunk(batch, 3)
