@@ -101,7 +101,6 @@ class HostOffPolicy(HostPools, EnvTrainer):
         self._finish = jax.jit(lambda ts, sums, key: lib.finish_iteration(learner, ts, sums, key, ts.actor,
                                                                           ts.obs_stats))
         self._greedy = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
-        self._greedy_local = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
         # An iteration's zero sums: traced once (untraced, finding their shapes retraces the learner every iteration).
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos))
 
@@ -188,7 +187,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
         lo, hi = self.rows
         for t in range(steps):
             warm = np.bool_(lib.warming_up(learner, env_steps + t))
-            action = np.asarray(fetch(self._act(ts.actor, ts.obs_stats, self._on_mesh(s.obs), env_keys_[t], warm)))
+            action = fetch(self._act(ts.actor, ts.obs_stats, self._on_mesh(s.obs), env_keys_[t], warm))
             pool.step(action[lo:hi])
             out = self._joined({k: arr[k] for k in STEP_ARRAYS})
             done, truncated, reward = out["done"], out["truncated"], out["reward"]
@@ -219,7 +218,8 @@ class HostOffPolicy(HostPools, EnvTrainer):
         if not is_multiprocess():
             return lambda pool: self._greedy(actor_params, stats, np.array(pool.arrays["obs"]))
         params, stats = local_copy((actor_params, stats))
-        return lambda pool: self._greedy_local(params, stats, np.array(pool.arrays["obs"]))
+        # `_greedy` stays uncompiled across hosts (`compile`): it traces for this process's rows.
+        return lambda pool: self._greedy(params, stats, np.array(pool.arrays["obs"]))
 
     def run_eval(self, s: HostOffPolicyState, key) -> dict:
         return self.evaluate(s.learner.actor, s.learner.obs_stats, key)
