@@ -66,19 +66,26 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
 @pytest.mark.devices(8)
 def test_agentic_layouts_give_the_same_metrics(tmp_path):
     results = {}
-    for placement in ("collocated", "disaggregated"):
-        # The warm start always runs collocated (SFT has the actor alone): the second layout
-        # starts from the first run's, as a run given actor.model.path does.
-        warm = [f"actor.model.path={tmp_path / 'collocated' / 'sft'}"] if placement != "collocated" else []
-        assert run(tmp_path, placement, "runner.max_steps=2", "runner.eval_interval=2",
-                   f"cluster.component_placement={placement}", *warm) == 0
-        results[placement] = strip(read_metrics(tmp_path / placement))
-    a, b = results["collocated"], results["disaggregated"]
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k in ra:
-            assert ra[k] == pytest.approx(rb[k], rel=1e-3, abs=1e-4), k
+    # The third: disaggregated with cluster.scaling=dynamic, the update borrowing the
+    # rollout's devices (4 + 4).
+    for name, placement, scaling in (("collocated", "collocated", "static"),
+                                     ("disaggregated", "disaggregated", "static"),
+                                     ("dynamic", "disaggregated", "dynamic")):
+        # The warm start always runs collocated (SFT has the actor alone): the other layouts
+        # start from the first run's, as a run given actor.model.path does.
+        warm = [f"actor.model.path={tmp_path / 'collocated' / 'sft'}"] if name != "collocated" else []
+        assert run(tmp_path, name, "runner.max_steps=2", "runner.eval_interval=2",
+                   f"cluster.component_placement={placement}", f"cluster.scaling={scaling}", *warm) == 0
+        results[name] = read_metrics(tmp_path / name)
+    assert all(r["time/switch_s"] > 0 for r in results["dynamic"][1:])
+    a = strip(results["collocated"])
+    for name in ("disaggregated", "dynamic"):
+        b = strip(results[name])
+        assert [r["step"] for r in a] == [r["step"] for r in b]
+        for ra, rb in zip(a, b):
+            assert ra.keys() == rb.keys()
+            for k in ra:
+                assert ra[k] == pytest.approx(rb[k], rel=1e-3, abs=1e-4), (name, k)
 
 
 @pytest.mark.parametrize("extra, words", [

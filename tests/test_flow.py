@@ -15,7 +15,7 @@ from rlinf_jax.config import load_config
 from rlinf_jax.flow.channel import Channel, ChannelEmpty, ChannelFull, TooStale
 from rlinf_jax.flow.trainer import EnvTrainer, FusedTrainer
 from rlinf_jax.tasks.embodied import ppo
-from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement
+from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement, candidates, profile
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.run import run
@@ -89,6 +89,8 @@ LAYOUTS = {
     "disaggregated": ["cluster.component_placement=disaggregated"],
     "hybrid": ["cluster.component_placement=hybrid", "flow.num_micro_batches=2"],
     "explicit": ["cluster.component_placement={env: 0-1, rollout: 2-5, actor: 1-6}", "cluster.mesh.actor={data: 3, fsdp: 2}"],
+    # The update on the rollout's devices and the actor's (2-7), the state moved there and back.
+    "dynamic": ["cluster.component_placement=disaggregated", "cluster.scaling=dynamic"],
 }
 
 
@@ -145,7 +147,11 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_numbers():
         "disaggregated": "disaggregated",
         "hybrid": "hybrid",
         "explicit": "hybrid",
+        "dynamic": "disaggregated",
     }
+    dynamic = out["dynamic"][0]
+    assert dynamic.placement.phases["update"].devices == (2, 3, 4, 5, 6, 7)
+    assert dynamic.flow_stats()["time/switch_s"] > 0
     _, ref_metrics, ref = out["fused"]
     for name, (_, metrics, snap) in out.items():
         np.testing.assert_array_equal(snap.key, ref.key, err_msg=name)
@@ -196,6 +202,46 @@ def test_staged_run_resumes_exactly_and_accounts_staleness(tmp_path):
     assert placement["mode"] == "collocated"
 
 
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_dynamic_scaling_resumes_exactly_and_logs_its_switches(tmp_path):
+    # env and rollout on device 0, the actor on 1; the update runs on both.
+    dynamic = ["cluster.component_placement=disaggregated", "cluster.scaling=dynamic", "runner.save_interval=2",
+               "runner.eval_interval=2"]
+    run(_cfg(tmp_path, "straight", *dynamic, "runner.max_steps=4"))
+    run(_cfg(tmp_path, "split", *dynamic, "runner.max_steps=2"))
+    assert run(_cfg(tmp_path, "split", *dynamic, "runner.max_steps=4", "runner.resume=auto")).resumed_from == 2
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    assert _comparable(straight) == _comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
+    assert all(r["time/switch_s"] > 0 for r in straight if "train/loss" in r)
+    phases = json.loads((tmp_path / "straight" / "placement.json").read_text())["phases"]
+    assert phases == {"update": {"devices": [0, 1], "mesh_shape": {"data": 2}, "axis_names": ["data"]}}
+
+
+@pytest.mark.devices(2)
+@pytest.mark.parametrize("override, fragment", [
+    (["cluster.component_placement=hybrid"], "already runs on all of them"),
+    (["cluster.component_placement=disaggregated", "flow.max_staleness=1"], "set flow.max_staleness=0"),
+    ([], "a collocated run has every component on every device"),
+])
+def test_dynamic_scaling_where_it_cannot_work_is_one_error_line(tmp_path, capsys, override, fragment):
+    from rlinf_jax.train import main
+
+    assert main([*TINY, f"runner.output_dir={tmp_path}", "cluster.scaling=dynamic", *override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and fragment in err and "\n" not in err
+
+
+@pytest.mark.devices(2)
+def test_dynamic_scaling_of_an_off_policy_run_is_one_error_line(tmp_path, capsys):
+    from rlinf_jax.train import main
+
+    assert main(["--config-name", "sac_brax", f"runner.output_dir={tmp_path}", "cluster.scaling=dynamic",
+                 "cluster.component_placement=disaggregated"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "no idle phase" in err and "\n" not in err
+
+
 def test_fused_runner_refuses_a_pipelined_layout(tmp_path):
     from rlinf_jax.errors import BadInput
 
@@ -233,6 +279,18 @@ def test_auto_placement_picks_the_faster_layout():
     predicted = {c["name"]: c["predicted_env_steps_per_sec"] for c in summary["candidates"]}
     assert predicted["collocated"] > predicted["hybrid"]
     assert summary["predicted_env_steps_per_sec"] == predicted["collocated"]
+    # The dynamic candidate is profiled with its moves: its placement borrows the rollout's device.
+    prof, trainer = profile(cfg, make_setup(cfg), Candidate("d", {"env,rollout": "0", "actor": "1"}, 1, "dynamic"), 2)
+    assert trainer.placement.phases["update"].devices == (0, 1) and prof.to_json()["scaling"] == "dynamic"
+    assert prof.learn_ms > 0 and trainer.flow_stats() == {}
+
+
+def test_auto_placement_weighs_dynamic_scaling_where_the_run_is_on_policy():
+    names = lambda *a: [c.name for c in candidates(*a)]  # noqa: E731
+    assert names(1, 16) == ["collocated"]
+    assert names(2, 16) == ["collocated", "disaggregated", "disaggregated-dynamic", "hybrid"]
+    assert names(8, 16, 1) == ["collocated", "disaggregated", "disaggregated-3way", "hybrid"]
+    assert [c.scaling for c in candidates(8, 16)] == ["static", "static", "dynamic", "static", "dynamic", "static"]
 
 
 def test_auto_placement_run_records_plan_prediction_and_measurement(tmp_path):

@@ -96,25 +96,40 @@ def test_resume_continues_exactly(tmp_path, warm):
 @pytest.mark.devices(8)
 def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, warm):
     results = {}
-    for name, placement in [
-        ("collocated", "collocated"),
-        ("disaggregated", "disaggregated"),
-        ("hybrid", "hybrid"),  # rollout 0-3, reference 4-7, actor on all 8
+    for name, placement, extra in [
+        ("collocated", "collocated", ()),
+        ("disaggregated", "disaggregated", ()),
+        ("hybrid", "hybrid", ()),  # rollout 0-3, reference 4-7, actor on all 8
+        # rollout 0-1, reference 2-3, actor 4-7; the update on 0-1 and 4-7. Checkpoints
+        # every iteration: the run resumed from the middle below starts from one.
+        ("dynamic", "disaggregated", ("cluster.scaling=dynamic", "runner.save_interval=1")),
     ]:
         argv = rl(tmp_path, warm, name, "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
-                  f"cluster.component_placement={placement}")
+                  f"cluster.component_placement={placement}", *extra)
         assert main(argv) == 0
         run_dir = tmp_path / name
         results[name] = (read_metrics(run_dir / "metrics.jsonl"), json.loads((run_dir / "placement.json").read_text()))
     modes = {k: placement["mode"] for k, (_, placement) in results.items()}
-    assert modes == {"collocated": "collocated", "disaggregated": "disaggregated", "hybrid": "hybrid"}
+    assert modes == {"collocated": "collocated", "disaggregated": "disaggregated", "hybrid": "hybrid",
+                     "dynamic": "disaggregated"}
+    dynamic = results["dynamic"][1]
+    assert dynamic["scaling"] == "dynamic" and results["disaggregated"][1]["scaling"] == "static"
+    assert dynamic["phases"]["update"] == {"devices": [0, 1, 4, 5, 6, 7], "mesh_shape": {"data": 6},
+                                           "axis_names": ["data"]}
+    assert all(r["time/switch_s"] > 0 for r in results["dynamic"][0][1:])
+    # A dynamic run resumed from its checkpoint of iteration 2 repeats iteration 3.
+    assert main(rl(tmp_path, warm, "resumed", "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
+                   "cluster.component_placement=disaggregated", "cluster.scaling=dynamic",
+                   f"runner.resume={tmp_path / 'dynamic' / 'checkpoints' / '2'}")) == 0
+    resumed = strip(read_metrics(tmp_path / "resumed"))
+    assert resumed[-1] == strip(results["dynamic"][0])[-1]
     devices = results["disaggregated"][1]["components"]
     assert devices["actor"]["devices"] == [4, 5, 6, 7] and devices["rollout"]["devices"] == [0, 1]
     hybrid = results["hybrid"][1]
     assert hybrid["requested"] == "hybrid" and hybrid["derived"] == {"rollout": "0-3", "reference": "4-7", "actor": "0-7"}
     base = strip(results["collocated"][0])
     assert any(r.get("rollout/accuracy", 0) > 0 for r in base)  # rewards vary: the comparison means something
-    for name in ("disaggregated", "hybrid"):
+    for name in ("disaggregated", "hybrid", "dynamic"):
         other = strip(results[name][0])
         assert [r.keys() for r in other] == [r.keys() for r in base]
         for a, b in zip(base, other):

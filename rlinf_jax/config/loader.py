@@ -83,6 +83,7 @@ OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition
                "agent.skyrl_env_config"}
 FLOW_RUNNERS = ("fused", "staged", "auto")
 PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
+SCALINGS = ("static", "dynamic")
 
 
 def _type_phrase(tp) -> str:
@@ -609,6 +610,12 @@ def _validate_cluster(c) -> None:
             f"cluster.component_placement={_show(cp)} is neither a preset ({', '.join(PLACEMENT_PRESETS)}) nor a "
             "mapping like {env: 0-3, rollout: 4-7, actor: all}",
         )
+    _require(c.scaling in SCALINGS, f"cluster.scaling={_show(c.scaling)} must be one of {', '.join(SCALINGS)}")
+    _require(
+        c.scaling == "static" or cp != "collocated",
+        "cluster.scaling=dynamic lends devices between components, and a collocated run has every component on "
+        "every device; use cluster.component_placement=disaggregated (or hybrid), or cluster.scaling=static",
+    )
     for name, shape in c.mesh.items():
         _require(
             isinstance(shape, dict) and all(isinstance(v, int) or v == "all" for v in shape.values()),

@@ -319,6 +319,11 @@ class ClusterConfig:
     # may be "all" (what the others leave: {actor: {fsdp: all}} on any slice); a component
     # not named gets {data: <its device count>}.
     mesh: dict[str, Any] = field(default_factory=dict)
+    # static: each component keeps its devices; dynamic: when the rollout has produced the
+    # iteration's data, the update runs on the actor's devices plus the rollout's (its
+    # state moves there and back, timed as time/switch_s), then the rollout gets its
+    # devices back with the new weights. For disaggregated and hybrid placements.
+    scaling: str = "static"
     # Logical parameter axis -> mesh axis overrides, e.g. {mlp: fsdp}.
     partition_rules: dict[str, Any] = field(default_factory=dict)
     # Multi-host runs (python -m rlinf_jax.launch): how often a job whose process died is

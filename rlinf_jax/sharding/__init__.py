@@ -24,9 +24,11 @@ from rlinf_jax.sharding.placement import (
     Placement,
     component_mesh,
     derive_mode,
+    grown_shape,
     parse_ranks,
     preset,
     resolve_placement,
+    with_phase,
 )
 from rlinf_jax.sharding.partition import (
     DEFAULT_RULES,
@@ -67,6 +69,8 @@ __all__ = [
     "component_mesh",
     "data_mesh",
     "derive_mode",
+    "grown_shape",
+    "with_phase",
     "fetch",
     "place_rows",
     "put",

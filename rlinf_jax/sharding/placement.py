@@ -14,6 +14,7 @@ it per component (`component_mesh`), each with its own shape and axis names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from rlinf_jax.errors import BadInput
 
 MESH_AXES = ("data", "fsdp", "tensor")
 MODES = ("collocated", "disaggregated", "hybrid")
+SCALINGS = ("static", "dynamic")
 
 
 def parse_ranks(spec, num_devices: int, where: str = "cluster.component_placement") -> tuple[int, ...]:
@@ -74,6 +76,12 @@ class Placement:
     # mapping it was expanded to: placement.json records both beside the result.
     requested: Any = None
     derived: dict | None = None
+    # cluster.scaling=dynamic: a phase of the iteration that runs on more devices than its
+    # component owns (the update on the actor's devices plus those the rollout frees), as
+    # {phase: ComponentPlacement}; the component's own entry stays where its state lives
+    # between phases.
+    scaling: str = "static"
+    phases: dict[str, ComponentPlacement] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = {
@@ -87,6 +95,12 @@ class Placement:
             out["requested"] = self.requested
         if self.derived is not None:
             out["derived"] = dict(self.derived)
+        out["scaling"] = self.scaling
+        if self.phases:
+            out["phases"] = {
+                name: {"devices": list(c.devices), "mesh_shape": dict(c.mesh_shape), "axis_names": list(c.axis_names)}
+                for name, c in self.phases.items()
+            }
         return out
 
     def write(self, path: str | Path) -> None:
@@ -225,9 +239,59 @@ def _mesh_shape(name: str, given: dict, num_devices: int) -> dict[str, int]:
     return shape
 
 
+def grown_shape(shape: dict[str, int], num_devices: int, where: str) -> dict[str, int]:
+    """A component's mesh shape stretched over ``num_devices`` (a multiple of its own count).
+
+    The axis that grows is the one the component already splits its state over: ``fsdp``
+    when it is larger than 1 (parameters and optimiser state stay sharded, so no device
+    holds more than the component's own did), else ``data`` (added in front where absent).
+    Every other axis keeps its size.
+    """
+    own = math.prod(shape.values())
+    if num_devices == own:
+        return dict(shape)
+    order = ("fsdp", "data") if shape.get("fsdp", 1) > 1 else ("data", "fsdp")
+    for axis in order:
+        if axis not in shape and axis != "data":
+            continue
+        rest = own // shape.get(axis, 1)
+        if num_devices % rest:
+            continue
+        size = num_devices // rest
+        if axis in shape:
+            return {k: size if k == axis else v for k, v in shape.items()}
+        return {"data": size, **shape}
+    raise BadInput(
+        f"{where}: the mesh {shape} cannot stretch over {num_devices} devices (its other axes do not divide "
+        f"{num_devices}); set cluster.mesh so that fsdp or data can grow, or use cluster.scaling=static"
+    )
+
+
+def with_phase(placement: Placement, phase: str, owner: str, borrowers: tuple[str, ...]) -> Placement:
+    """``placement`` with cluster.scaling=dynamic's ``phase``: ``owner``'s devices plus those
+    of ``borrowers`` (components idle during that phase and holding nothing the next phase
+    needs), on ``owner``'s mesh grown over them (`grown_shape`).
+
+    A placement where the phase would gain no device is refused: dynamic scaling has
+    nothing to move there.
+    """
+    own = placement.components[owner]
+    devices = tuple(sorted(set(own.devices).union(*(placement.components[b].devices for b in borrowers))))
+    if devices == own.devices:
+        raise BadInput(
+            f"cluster.scaling=dynamic lends the devices of {', '.join(borrowers)} to the {owner} during its {phase}, "
+            f"and in this {placement.mode} placement the {owner} already runs on all of them; use "
+            "cluster.scaling=static, or a placement where they are apart (e.g. disaggregated)"
+        )
+    shape = grown_shape(dict(own.mesh_shape), len(devices), f"cluster.scaling=dynamic ({owner} {phase})")
+    return dataclasses.replace(placement, scaling="dynamic",
+                               phases={**placement.phases, phase: ComponentPlacement(devices, shape)})
+
+
 def component_mesh(placement: Placement, name: str, devices=None):
-    """A `jax.sharding.Mesh` over the component's devices with its axis names (Auto axes)."""
+    """A `jax.sharding.Mesh` over the component's devices with its axis names (Auto axes);
+    ``name`` may also be a phase of cluster.scaling=dynamic (`with_phase`)."""
     devices = jax.devices() if devices is None else devices
-    c = placement.components[name]
+    c = placement.phases[name] if name in placement.phases else placement.components[name]
     grid = np.array([devices[r] for r in c.devices]).reshape(tuple(c.mesh_shape.values()))
     return Mesh(grid, c.axis_names, axis_types=(AxisType.Auto,) * len(c.axis_names))

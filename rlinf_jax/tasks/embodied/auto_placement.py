@@ -6,7 +6,8 @@ rollout and actor each apart; env and rollout apart with the actor spanning both
 or more micro-batch counts. For each it builds the real stages and times them briefly:
 
     R = one rollout of the whole env batch (env and rollout stages, micro-batched)
-    L = one actor update on that batch
+    L = one actor update on that batch (with cluster.scaling=dynamic, the state's moves to
+        the update's devices and back included)
     F = one fused iteration (the collocated single-jit layout only)
 
 and predicts an iteration's time as ``R + L``, or, where the rollout may overlap the
@@ -42,6 +43,7 @@ class Candidate:
     name: str
     spec: dict
     num_micro_batches: int = 1
+    scaling: str = "static"  # cluster.scaling: dynamic lends the rollout's devices to the update
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Profile:
             "name": self.candidate.name,
             "placement": self.candidate.spec,
             "num_micro_batches": self.candidate.num_micro_batches,
+            "scaling": self.candidate.scaling,
             "mode": self.mode,
             "rollout_ms": round(self.rollout_ms, 3),
             "learn_ms": round(self.learn_ms, 3),
@@ -94,17 +97,24 @@ def _span(lo: int, hi: int) -> str:
     return str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}"
 
 
-def candidates(num_devices: int, num_envs: int) -> list[Candidate]:
-    """The layouts worth profiling on ``num_devices`` devices."""
+def candidates(num_devices: int, num_envs: int, max_staleness: int = 0) -> list[Candidate]:
+    """The layouts worth profiling on ``num_devices`` devices; on-policy
+    (``max_staleness`` 0), the disaggregated ones also with the update borrowing the
+    rollout's devices (cluster.scaling=dynamic)."""
     n = num_devices
     out = [Candidate("collocated", {"env,rollout,actor": _span(0, n)})]
     if n >= 2:
         half = n // 2
-        out.append(Candidate("disaggregated", {"env,rollout": _span(0, n - half), "actor": _span(n - half, n)}))
+        spec = {"env,rollout": _span(0, n - half), "actor": _span(n - half, n)}
+        out.append(Candidate("disaggregated", spec))
+        if max_staleness == 0:
+            out.append(Candidate("disaggregated-dynamic", spec, 1, "dynamic"))
         if n >= 4:
             q = (n - half) // 2
             spec = {"env": _span(0, q), "rollout": _span(q, n - half), "actor": _span(n - half, n)}
             out.append(Candidate("disaggregated-3way", spec, 2))
+            if max_staleness == 0:
+                out.append(Candidate("disaggregated-3way-dynamic", spec, 2, "dynamic"))
         out.append(Candidate("hybrid", {"env": _span(0, half), "rollout": _span(half, n), "actor": _span(0, n)}, 2))
     return [c for c in out if num_envs % c.num_micro_batches == 0]
 
@@ -113,6 +123,7 @@ def _candidate_cfg(cfg: Config, cand: Candidate) -> Config:
     c = copy.deepcopy(cfg)
     c.cluster.component_placement = dict(cand.spec)
     c.flow.num_micro_batches = cand.num_micro_batches
+    c.cluster.scaling = cand.scaling
     c.flow.runner = "auto"
     return c
 
@@ -151,8 +162,11 @@ def profile(cfg: Config, setup: Setup, cand: Candidate, num_devices: int, repeat
         item, _ = state.channel.get(state.actor_version)
         state.channel.clear()
 
-        def learn():
-            return trainer.learn(state.learner, *item)
+        held = {"learner": state.learner}
+
+        def learn():  # with its moves to the update's devices and back, where it has them
+            held["learner"], metrics = trainer.update(held["learner"], *item)
+            return metrics
 
         learn()  # compile
         rollout_ms = _timed(lambda: (rollout(), state.channel.clear())[0], repeats)
@@ -171,7 +185,7 @@ def profile(cfg: Config, setup: Setup, cand: Candidate, num_devices: int, repeat
 def auto_placement(cfg: Config, setup: Setup, num_devices: int, cands: list[Candidate] | None = None, log=None) -> AutoPlan:
     """Profiles ``cands`` (default: `candidates`) and returns the plan with the best one."""
     t0 = time.perf_counter()
-    cands = candidates(num_devices, cfg.env.num_envs) if cands is None else cands
+    cands = candidates(num_devices, cfg.env.num_envs, cfg.flow.max_staleness) if cands is None else cands
     profiles, trainers = [], []
     for cand in cands:
         try:

@@ -9,7 +9,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
-from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement
+from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement, with_phase
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
@@ -17,7 +17,12 @@ from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
 
 def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
-    return resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
+    """The run's placement; with cluster.scaling=dynamic, its ``update`` phase: the actor's
+    devices plus the rollout's (idle while the actor learns, and its weights are replaced
+    after). The env keeps its devices: they hold the env state the next rollout steps."""
+    c = cfg.cluster
+    out = resolve_placement(c.component_placement, COMPONENTS, num_devices, c.mesh)
+    return with_phase(out, "update", "actor", ("rollout",)) if c.scaling == "dynamic" else out
 
 
 def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None):
@@ -36,6 +41,11 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         placement = resolve_placement("collocated", COMPONENTS, num_devices, cfg.cluster.mesh)
     elif placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
+    if is_host_suite(cfg.env) and placement.phases:
+        raise BadInput(
+            f"cluster.scaling=dynamic is not built for host simulators ({cfg.env.suite}) yet: their runner keeps the "
+            "actor on its own devices; use cluster.scaling=static"
+        )
     if is_host_suite(cfg.env):
         # A host simulator steps outside jit: its own host-stepped runner, pipelined by
         # flow.num_micro_batches, with the same PPO maths.

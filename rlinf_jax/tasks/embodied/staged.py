@@ -24,6 +24,7 @@ on different hosts goes through `sharding.mesh.put` / `fetch` (collective there)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import jax
@@ -46,6 +47,7 @@ from rlinf_jax.sharding import (
     host_memory_supported,
     param_shardings,
     park,
+    reshard,
     shard_batch,
     sync_weights,
     unpark,
@@ -110,6 +112,22 @@ class StagedPPO(EnvTrainer):
             raise BadInput("flow.offload_optimizer=true but these devices have no host memory kind; set it to false")
         self.T = cfg.algorithm.rollout_length
         self.env_steps_per_iteration = self.core.env_steps_per_iteration
+        # cluster.scaling=dynamic: the update runs on its phase's mesh (the actor's devices
+        # plus the rollout's) with a learner laid out there; the learner's state lives on
+        # the actor's mesh between updates and moves there and back (`_switch`).
+        self.dynamic = "update" in placement.phases
+        self.update_core = self.core
+        if self.dynamic:
+            if self.max_staleness:
+                raise BadInput(
+                    "cluster.scaling=dynamic lends the rollout's devices to the update, and with flow.max_staleness >= 1 "
+                    "the next rollout runs during the update; set flow.max_staleness=0 or cluster.scaling=static"
+                )
+            if self.offload:
+                raise BadInput("cluster.scaling=dynamic moves the optimiser state to the update's devices each "
+                               "iteration; flow.offload_optimizer parks it on the host instead: set one of them off")
+            self.update_core = PPOTrainer(cfg, setup, component_mesh(placement, "update", devices))
+        self._switch_s = 0.0
         env_dev, roll_dev = (placement.components[c] for c in ("env", "rollout"))
         # Env and rollout on the same devices in the same layout: unroll each micro-batch
         # in one fused scan rather than enqueueing every step.
@@ -119,19 +137,20 @@ class StagedPPO(EnvTrainer):
         # The key chain lives with the producer: were it on the actor's devices, every
         # rollout would queue behind the update it is meant to overlap.
         self.split_key = _Stage.create("split_key", "rollout", self.meshes["rollout"], lambda k: tuple(jax.random.split(k, 3)))
-        self.learn = _Stage.create("learn", "actor", self.meshes["actor"], core.learn)
+        update_mesh = self.update_core.mesh
+        self.learn = _Stage.create("learn", "actor", update_mesh, self.update_core.learn)
         self.infer = _Stage.create("infer", "rollout", self.meshes["rollout"], self._infer)
         self.step = _Stage.create("step", "env", self.meshes["env"], self._env_step, donate_argnums=0)
         self.unroll = _Stage.create("unroll", "rollout", self.meshes["rollout"], self._unroll, donate_argnums=2)
         self.stack = _Stage.create("stack", "env", self.meshes["env"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
         self.stack_r = _Stage.create("stack_r", "rollout", self.meshes["rollout"], lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
-        actor_mesh = self.meshes["actor"]
-        traj_sharding = batch_sharding(actor_mesh, batch_dim=1)
-        obs_sharding = batch_sharding(actor_mesh, batch_dim=0)
+        # Trajectories are assembled where the update reads them.
+        traj_sharding = batch_sharding(update_mesh, batch_dim=1)
+        obs_sharding = batch_sharding(update_mesh, batch_dim=0)
         self.assemble = _Stage(
             "assemble",
             "actor",
-            actor_mesh,
+            update_mesh,
             jax.jit(
                 lambda trajs, last: (
                     jax.tree.map(lambda *a: jnp.concatenate(a, axis=1), *trajs),
@@ -227,6 +246,30 @@ class StagedPPO(EnvTrainer):
     def flow_stats(self) -> dict[str, float]:
         return dict(self._flow_stats) if hasattr(self, "_flow_stats") else {}
 
+    def update(self, learner: TrainState, traj, last_obs, key) -> tuple[TrainState, dict]:
+        """One actor update from the learner's resting place and back to it: the optimiser
+        state out of host memory and back (flow.offload_optimizer), or the whole state
+        onto the update phase's devices and back (cluster.scaling=dynamic)."""
+        if self.offload:
+            learner = learner.replace(opt_state=unpark(learner.opt_state))
+        if self.dynamic:
+            learner = self._switch(learner, self.update_core)
+        learner, metrics = self.learn(learner, traj, last_obs, key)
+        if self.dynamic:
+            learner = self._switch(learner, self.core)
+        if self.offload:
+            learner = learner.replace(opt_state=park(learner.opt_state))
+        return learner, metrics
+
+    def _switch(self, learner: TrainState, to: PPOTrainer) -> TrainState:
+        """cluster.scaling=dynamic: the learner's state onto ``to``'s mesh (the update's, or
+        back to the actor's), each source buffer freed as its copy lands; the seconds it
+        took add up in ``time/switch_s``."""
+        t0 = time.perf_counter()
+        learner = jax.block_until_ready(reshard(learner, to.shardings(learner), donate=True))
+        self._switch_s += time.perf_counter() - t0
+        return learner
+
     @property
     def warm_start_metrics(self) -> dict | None:
         return self.core.warm_start_metrics
@@ -278,11 +321,7 @@ class StagedPPO(EnvTrainer):
             if not len(s.channel):
                 self._produce(s)
             (traj, last_obs, update_key), _ = s.channel.get(s.actor_version)
-            if self.offload:
-                s.learner = s.learner.replace(opt_state=unpark(s.learner.opt_state))
-            s.learner, metrics = self.learn(s.learner, traj, last_obs, update_key)
-            if self.offload:
-                s.learner = s.learner.replace(opt_state=park(s.learner.opt_state))
+            s.learner, metrics = self.update(s.learner, traj, last_obs, update_key)
             s.actor_version += 1
             if self.max_staleness:
                 # Enqueue the next rollout with the weights it already has; it runs on the
@@ -292,4 +331,7 @@ class StagedPPO(EnvTrainer):
             sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
         st = s.channel.stats
         self._flow_stats = {"flow/staleness_mean": st.mean_staleness, "flow/staleness_max": float(st.max_staleness_seen)}
+        if self.dynamic:
+            self._flow_stats["time/switch_s"] = self._switch_s / n  # per iteration, both ways
+            self._switch_s = 0.0
         return s, sums

@@ -27,6 +27,13 @@ from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None) -> EnvTrainer:
     """The fused trainer where it applies (collocated, synchronous), the staged one elsewhere;
     on a host simulator the host loop's."""
+    if cfg.cluster.scaling == "dynamic":
+        # Off-policy learners step every env step, interleaved with acting: no phase leaves
+        # the rollout's devices idle for the update to borrow.
+        raise BadInput(
+            f"cluster.scaling=dynamic is for on-policy runs (PPO, GRPO); {cfg.algorithm.name} learns between env "
+            "steps, so there is no idle phase to lend devices from: use cluster.scaling=static"
+        )
     setup = make_setup(cfg) if setup is None else setup
     num_devices = resolve_num_devices(cfg.cluster.num_devices)
     devices = jax.devices()[:num_devices]

@@ -8,6 +8,7 @@ from rlinf_jax.algos import get_advantage, get_aggregation, get_kl, get_policy_l
 from rlinf_jax.config.reads import Reads
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.sharding import Placement, resolve_placement, with_phase
 from rlinf_jax.tasks.sft import config as sft
 
 POLICY_LOSSES = ("ppo", "dual_clip_ppo", "decoupled_ppo")
@@ -17,6 +18,15 @@ ADVANTAGES = (*GROUP_OUTCOME_ADVANTAGES, *TOKEN_ADVANTAGES, "gae")
 def components(cfg: Config) -> tuple[str, ...]:
     """The device components of a reasoning run (the reward runs on the host)."""
     return ("rollout", "reference", "actor") if cfg.algorithm.kl_coef > 0 else ("rollout", "actor")
+
+
+def placement(cfg: Config, num_devices: int) -> Placement:
+    """The run's placement; with cluster.scaling=dynamic, its ``update`` phase: the actor's
+    devices plus the rollout's, whose copy of the weights is released during the update.
+    The reference keeps its devices: it holds the frozen policy every iteration reads."""
+    c = cfg.cluster
+    out = resolve_placement(c.component_placement, components(cfg), num_devices, c.mesh)
+    return with_phase(out, "update", "actor", ("rollout",)) if c.scaling == "dynamic" else out
 
 
 def check_algorithm(cfg: Config) -> None:

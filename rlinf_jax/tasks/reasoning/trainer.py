@@ -45,8 +45,8 @@ from rlinf_jax.sharding import (
     component_mesh,
     param_shardings,
     place_rows,
+    reshard,
     resolve_num_devices,
-    resolve_placement,
     rules_from_config,
     state_shardings,
 )
@@ -55,6 +55,7 @@ from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.agent_collect import AgentCollector
 from rlinf_jax.tasks.reasoning.collect import Collector
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
+from rlinf_jax.tasks.reasoning.config import placement as place
 from rlinf_jax.tasks.reasoning.update import RLState
 from rlinf_jax.tasks.sft.lm_setup import LMTrainer, lm_transform, make_lm_setup, policy_weights
 
@@ -69,9 +70,14 @@ class ReasoningTrainer(LMTrainer):
         num_devices = resolve_num_devices(cfg.cluster.num_devices)
         devices = jax.devices()[:num_devices] if devices is None else devices
         if placement is None:
-            placement = resolve_placement(cfg.cluster.component_placement, components(cfg), len(devices), cfg.cluster.mesh)
+            placement = place(cfg, len(devices))
         self.placement = placement
         self.meshes = {c: component_mesh(placement, c, devices) for c in components(cfg)}
+        # Where the update runs: the actor's mesh, or with cluster.scaling=dynamic the
+        # update phase's (the actor's devices plus the rollout's). The state lives on the
+        # actor's mesh between updates and moves there and back (`_switch`).
+        self.dynamic = "update" in placement.phases
+        self.update_mesh = component_mesh(placement, "update", devices) if self.dynamic else self.meshes["actor"]
         self.rules = rules_from_config(cfg.cluster.partition_rules)
 
         lm = self.lm = make_lm_setup(cfg, self.meshes["rollout"], self.rules, len(devices))
@@ -86,7 +92,7 @@ class ReasoningTrainer(LMTrainer):
             # base dequantised: the critic trains whole).
             trunk = nnx.merge(lm.graphdef, jax.tree.map(jnp.copy, dequantize_state(params["policy"])))
             value_graphdef, params["value"] = nnx.split(ValueModel(trunk, rngs=nnx.Rngs(cfg.runner.seed)))
-        actor_mesh = self.meshes["actor"]
+        actor_mesh, update_mesh = self.meshes["actor"], self.update_mesh
         self.param_shardings = param_shardings(params, actor_mesh, self.rules)
         self._init_params = put(params, self.param_shardings)
         self.reference = None
@@ -98,11 +104,14 @@ class ReasoningTrainer(LMTrainer):
         n_mini = self.samples // cfg.actor.global_batch_size
         self.tx, schedule = self._make_optimizer(n_mini, value=value_graphdef is not None)
         layout = None
-        if self.micro % batch_divisor(actor_mesh) == 0 and batch_axes(actor_mesh):
-            # Micro-batch rows split over the actor's batch axes (data parallel) where they divide.
-            layout = NamedSharding(actor_mesh, PartitionSpec(None, None, batch_axes(actor_mesh)))
+        if self.micro % batch_divisor(update_mesh) == 0 and batch_axes(update_mesh):
+            # Micro-batch rows split over the update's batch axes (data parallel) where they divide.
+            layout = NamedSharding(update_mesh, PartitionSpec(None, None, batch_axes(update_mesh)))
         u = self.update_spec = rl.RLUpdate.of(cfg, lm.graphdef, value_graphdef, self.lora, self.tx, schedule, self.samples, layout)
-        self._update = jax.jit(functools.partial(rl.update, u), donate_argnums=0, out_shardings=(self._state_shardings(), None))
+        # The train state's layouts: at home on the actor's mesh, and during the update.
+        self._layouts = {"actor": self._state_shardings(actor_mesh), "update": self._state_shardings(update_mesh)}
+        self._update = jax.jit(functools.partial(rl.update, u), donate_argnums=0,
+                               out_shardings=(self._layouts["update"], None))
         ref_layout = None
         if self.reference is not None:
             ref_mesh = self.meshes["reference"]
@@ -145,10 +154,18 @@ class ReasoningTrainer(LMTrainer):
         return params["policy"] if self.lora is None else self._merged_policy(params)
 
     # ------------------------------------------------------------------ state
-    def _state_shardings(self):
-        mesh = self.meshes["actor"]
+    def _state_shardings(self, mesh):
         opt = jax.eval_shape(self.tx.init, self._init_params)
-        return RLState(self.param_shardings, state_shardings(opt, mesh, self.rules), replicated(mesh), replicated(mesh))
+        params = param_shardings(self._init_params, mesh, self.rules)
+        return RLState(params, state_shardings(opt, mesh, self.rules), replicated(mesh), replicated(mesh))
+
+    def _switch(self, ts: RLState, to: str) -> tuple[RLState, float]:
+        """cluster.scaling=dynamic: the train state onto the update phase's layout or back
+        home to the actor's (``to``), each source buffer freed as its copy lands so that no
+        two whole copies are held; returns it and the seconds the move took."""
+        t0 = time.perf_counter()
+        ts = jax.block_until_ready(reshard(ts, self._layouts[to], donate=True))
+        return ts, time.perf_counter() - t0
 
     def init(self) -> RLState:
         params = jax.tree.map(jnp.copy, self._init_params)
@@ -175,19 +192,27 @@ class ReasoningTrainer(LMTrainer):
         key = jax.random.fold_in(self.base_key, step)
         rollout_key, update_key = jax.random.split(key)
         batch, metrics = self.collector.batch(rollout_key)
-        actor_mesh = self.meshes["actor"]
-        device_batch = place_rows(batch, actor_mesh, self.samples)
+        update_mesh = self.update_mesh
+        device_batch = place_rows(batch, update_mesh, self.samples)
         if self.reference is not None:
             ref_rows = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "tokens", "response_mask", "response_valid")
                         if k in batch}
             ref_logp = self._ref_logprobs(self.reference, place_rows(ref_rows, self.meshes["reference"], self.samples))
-            device_batch["ref_logp"] = place_rows({"x": ref_logp}, actor_mesh, self.samples)["x"]
+            device_batch["ref_logp"] = place_rows({"x": ref_logp}, update_mesh, self.samples)["x"]
         t1 = time.perf_counter()
         # The rollout's copy of the weights is stale from here on and rebuilt by the sync
-        # below: released, so that on shared chips the update has its memory.
+        # below: released, so that on shared chips (and, scaling dynamically, on the
+        # rollout's devices that the update borrows) the update has its memory.
         self.sampler.release_params()
+        switch = 0.0
+        if self.dynamic:
+            ts, switch = self._switch(ts, "update")
         ts, train_metrics = self._update(ts, device_batch, update_key)
         train_metrics = {k: float(v) for k, v in fetch(train_metrics).items()}
+        if self.dynamic:
+            ts, back = self._switch(ts, "actor")
+            switch += back
+            train_metrics["time/switch_s"] = switch
         t2 = time.perf_counter()
         # Weight sync: the rollout's copy of the policy, laid out on the rollout mesh.
         sync_sampler(self.sampler, self.rollout_weights(ts.params))
