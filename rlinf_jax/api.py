@@ -460,11 +460,16 @@ def _auto_layout(cfg: Config, run, progress):
     from rlinf_jax.sharding.targets import GIB
 
     tried = []
-    for mode in ("collocated", "disaggregated", "hybrid"):
+    # Each preset, and disaggregated once more with the update borrowing the idle chips
+    # (cluster.scaling=dynamic): the same programs, the update's on more chips, plus the moves.
+    for mode, placement, scaling in (("collocated", "collocated", "static"),
+                                     ("disaggregated", "disaggregated", "static"),
+                                     ("disaggregated-dynamic", "disaggregated", "dynamic"),
+                                     ("hybrid", "hybrid", "static")):
         if progress is not None:
             progress(f"auto placement: planning {mode}")
         c = copy.deepcopy(cfg)
-        c.cluster.component_placement = mode
+        c.cluster.component_placement, c.cluster.scaling = placement, scaling
         try:
             tried.append((mode, c, run(c)))
         except BadInput as e:  # a layout these chips cannot hold (too few for the split)

@@ -68,16 +68,20 @@ def test_agentic_layouts_give_the_same_metrics(tmp_path):
     results = {}
     # The third: disaggregated with cluster.scaling=dynamic, the update borrowing the
     # rollout's devices (4 + 4).
-    for name, placement, scaling in (("collocated", "collocated", "static"),
-                                     ("disaggregated", "disaggregated", "static"),
-                                     ("dynamic", "disaggregated", "dynamic")):
-        # The warm start always runs collocated (SFT has the actor alone): the other layouts
-        # start from the first run's, as a run given actor.model.path does.
-        warm = [f"actor.model.path={tmp_path / 'collocated' / 'sft'}"] if name != "collocated" else []
-        assert run(tmp_path, name, "runner.max_steps=2", "runner.eval_interval=2",
-                   f"cluster.component_placement={placement}", f"cluster.scaling={scaling}", *warm) == 0
+    # The warm start always runs collocated (SFT has the actor alone): the other layouts
+    # start from the first run's, as a run given actor.model.path does.
+    warm = f"actor.model.path={tmp_path / 'collocated' / 'sft'}"
+    for name, extra in (("collocated", ()),
+                        ("disaggregated", ("cluster.component_placement=disaggregated", warm)),
+                        ("dynamic", ("cluster.component_placement=disaggregated", "cluster.scaling=dynamic",
+                                     "runner.save_interval=1", warm)),
+                        # resumed from the dynamic run's checkpoint of iteration 1
+                        ("resumed", ("cluster.component_placement=disaggregated", "cluster.scaling=dynamic", warm,
+                                     f"runner.resume={tmp_path / 'dynamic' / 'checkpoints' / '1'}"))):
+        assert run(tmp_path, name, "runner.max_steps=2", "runner.eval_interval=2", *extra) == 0
         results[name] = read_metrics(tmp_path / name)
     assert all(r["time/switch_s"] > 0 for r in results["dynamic"][1:])
+    assert strip(results["resumed"])[-1] == strip(results["dynamic"])[-1]
     a = strip(results["collocated"])
     for name in ("disaggregated", "dynamic"):
         b = strip(results[name])

@@ -236,6 +236,8 @@ def test_resume_accepts_existing_path(tmp_path):
     (["actor.optim.lr_schedule=cosine"], ["actor.optim.lr_schedule='cosine'", "constant, linear"]),
     (["cluster.num_devices=0"], ["cluster.num_devices='0'", "'all' or a positive integer"]),
     (["cluster.num_devices=many"], ["cluster.num_devices='many'"]),
+    (["cluster.scaling=sometimes"], ["cluster.scaling='sometimes'", "static, dynamic"]),
+    (["cluster.scaling=dynamic"], ["cluster.scaling=dynamic", "component_placement=disaggregated"]),
     (["actor.model.activation=sigmoid"], ["actor.model.activation='sigmoid'", "relu", "swish"]),
     (["actor.model.vla_logprob_level=slot"], ["actor.model.vla_logprob_level='slot'", "chunk, action or token"]),
     (["actor.model.kind=pi0", "actor.model.vla_logprob_level=token"], ["vla_logprob_level=token", "set it to chunk"]),

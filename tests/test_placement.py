@@ -7,7 +7,7 @@ import pytest
 
 from rlinf_jax.config import load_config
 from rlinf_jax.errors import BadInput
-from rlinf_jax.sharding.placement import component_mesh, parse_ranks, preset, resolve_placement
+from rlinf_jax.sharding.placement import component_mesh, grown_shape, parse_ranks, preset, resolve_placement, with_phase
 
 EMBODIED = ("env", "rollout", "actor")
 
@@ -86,6 +86,39 @@ def test_mesh_shapes_and_json(tmp_path):
     saved = json.loads((tmp_path / "placement.json").read_text())
     assert saved["mode"] == "hybrid"
     assert saved["components"]["rollout"] == {"devices": [4, 5, 6, 7], "mesh_shape": {"data": 4}, "axis_names": ["data"]}
+
+
+@pytest.mark.parametrize("shape, n, grown", [
+    ({"data": 4}, 8, {"data": 8}),
+    ({"fsdp": 4}, 8, {"fsdp": 8}),  # the state stays split: no chip holds more than before
+    ({"data": 2, "fsdp": 2}, 8, {"data": 2, "fsdp": 4}),
+    ({"tensor": 2}, 8, {"data": 4, "tensor": 2}),  # a data axis added in front
+    ({"data": 4}, 6, {"data": 6}),
+    ({"data": 1, "fsdp": 2}, 6, {"data": 1, "fsdp": 6}),
+    ({"data": 4}, 4, {"data": 4}),
+])
+def test_a_mesh_grows_over_more_devices_on_the_axis_it_splits_its_state_over(shape, n, grown):
+    assert grown_shape(shape, n, "x") == grown
+
+
+def test_a_mesh_that_cannot_grow_is_one_error_line():
+    with pytest.raises(BadInput, match="cannot stretch over 6 devices"):
+        grown_shape({"tensor": 4}, 6, "cluster.scaling=dynamic")
+
+
+def test_a_phase_lends_the_idle_components_devices_and_placement_json_records_it(tmp_path):
+    p = resolve_placement("disaggregated", EMBODIED, 8, {"actor": {"fsdp": "all"}})
+    dyn = with_phase(p, "update", "actor", ("rollout",))
+    assert dyn.components == p.components and dyn.scaling == "dynamic" and p.scaling == "static"
+    assert dyn.phases["update"].devices == (2, 3, 4, 5, 6, 7) and dyn.phases["update"].mesh_shape == {"fsdp": 6}
+    dyn.write(tmp_path / "placement.json")
+    saved = json.loads((tmp_path / "placement.json").read_text())
+    assert saved["scaling"] == "dynamic"
+    assert saved["phases"] == {"update": {"devices": [2, 3, 4, 5, 6, 7], "mesh_shape": {"fsdp": 6}, "axis_names": ["fsdp"]}}
+    # Where the actor already spans the rollout's devices there is nothing to lend.
+    hybrid = resolve_placement("hybrid", EMBODIED, 8)
+    with pytest.raises(BadInput, match="already runs on all of them"):
+        with_phase(hybrid, "update", "actor", ("rollout",))
 
 
 def test_component_mesh_uses_the_placed_devices():

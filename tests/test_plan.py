@@ -75,6 +75,29 @@ def test_the_parameter_bytes_per_chip_are_the_analytic_count(tiny_v5e):
     assert prefill.argument_bytes == pytest.approx(analytic, rel=0.05)
 
 
+@pytest.mark.slow
+def test_dynamic_scaling_plans_the_update_on_the_borrowed_chips_and_counts_the_moves():
+    # rollout on chips 0-1, actor on 2-3 (FSDP); dynamically, the update on all four.
+    split = [*TINY_PLAN, "cluster.component_placement=disaggregated"]
+    static = rj.plan("grpo_math", "v5e:2x2", split)
+    dynamic = rj.plan("grpo_math", "v5e:2x2", [*split, "cluster.scaling=dynamic"])
+    update = {name: next(r for r in report.reports if r.name == "update")
+              for name, report in (("static", static), ("dynamic", dynamic))}
+    # Twice the chips for the same update: half the FLOPs and half the state per chip.
+    assert update["dynamic"].flops == pytest.approx(update["static"].flops / 2, rel=0.1)
+    assert update["dynamic"].argument_bytes == pytest.approx(update["static"].argument_bytes / 2, rel=0.1)
+    # The moves, by hand: float32 parameters and two Adam moments, half of them on each of
+    # the actor's two chips, sent out and taken back at half of v5e's 400 GB/s.
+    state = _tiny_lm_params(rj.load_config("grpo_math", TINY_PLAN)) * 4 * 3
+    assert dynamic.switch_s == pytest.approx(2 * (state / 2) / 200e9, rel=0.05) and static.switch_s == 0
+    assert dynamic.predicted_iteration_s == pytest.approx(
+        sum(r.predicted_s * r.calls for r in dynamic.reports) + dynamic.switch_s)
+    out = dynamic.to_json()
+    assert out["predicted_switch_s"] == pytest.approx(dynamic.switch_s, rel=1e-3)
+    assert any(n.startswith("cluster.scaling=dynamic: the update runs on 4 chip(s)") for n in out["notes"])
+    assert "state's moves to the update's chips and back" in dynamic.table()
+
+
 def test_bytes_per_chip_follow_the_shardings():
     devices = jax.devices()[:1]
     mesh = jax.sharding.Mesh(np.array(devices), ("fsdp",))
@@ -320,5 +343,11 @@ def test_auto_placement_picks_a_layout_that_fits_when_collocated_does_not():
     report = rj.plan("grpo_math", "v5e:2x2", [*data_parallel, "cluster.component_placement=auto"], hbm_gib=0.095)
     auto = report.to_json()["auto_placement"]
     assert auto["collocated"]["fits"] is False and auto["disaggregated"]["fits"] is True
-    assert auto["chosen"] == "disaggregated" and report.fits
-    assert report.notes[0].startswith("auto placement: collocated does not fit") and "chose disaggregated" in report.notes[0]
+    # Disaggregated once more with the update on all four chips (cluster.scaling=dynamic):
+    # of the layouts that fit, the fastest predicted is chosen.
+    fitting = {m: r["predicted_iteration_s"] for m, r in auto.items() if m != "chosen" and r.get("fits")}
+    assert "disaggregated-dynamic" in auto and auto["chosen"] == min(fitting, key=fitting.get) and report.fits
+    assert report.notes[0].startswith("auto placement: collocated does not fit")
+    assert f"chose {auto['chosen']}" in report.notes[0]
+    if auto["chosen"] == "disaggregated-dynamic":
+        assert report.switch_s > 0 and report.to_json()["predicted_switch_s"] > 0

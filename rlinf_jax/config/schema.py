@@ -319,10 +319,11 @@ class ClusterConfig:
     # may be "all" (what the others leave: {actor: {fsdp: all}} on any slice); a component
     # not named gets {data: <its device count>}.
     mesh: dict[str, Any] = field(default_factory=dict)
-    # static: each component keeps its devices; dynamic: when the rollout has produced the
-    # iteration's data, the update runs on the actor's devices plus the rollout's (its
-    # state moves there and back, timed as time/switch_s), then the rollout gets its
-    # devices back with the new weights. For disaggregated and hybrid placements.
+    # static: each component keeps its devices; dynamic: once the iteration's data is
+    # produced, the update runs on the actor's devices plus those of the components idle
+    # meanwhile (the rollout's; a reasoning run's reference too; an env keeps its own), the
+    # actor's state moving there and back (time/switch_s), then each gets its devices back.
+    # For disaggregated and hybrid placements of on-policy runs (docs/placement.md).
     scaling: str = "static"
     # Logical parameter axis -> mesh axis overrides, e.g. {mlp: fsdp}.
     partition_rules: dict[str, Any] = field(default_factory=dict)

@@ -80,6 +80,10 @@ class Program:
     # The same program with its layers unrolled (a scanned model's layer loop is counted
     # once too), lowered but never compiled: where the FLOPs are counted.
     twin: Program | None = None
+    # cluster.scaling=dynamic: the state this program's arguments take from where it rests
+    # and give back after each call, as ``(at rest, during the call)`` (abstract, laid out):
+    # the planner adds the two moves' time (`switch_seconds`).
+    switch: tuple = ()
 
 
 @dataclass
@@ -110,6 +114,7 @@ class ProgramReport:
     model_flops: float
     compile_s: float
     refused: str = ""  # the compiler's own out-of-memory message, when it refused
+    switch_s: float = 0.0  # per call: the state's moves there and back (cluster.scaling=dynamic)
 
     @property
     def peak_bytes(self) -> float:
@@ -128,6 +133,8 @@ class ProgramReport:
             "calls_per_iteration": self.calls,
             "compile_s": round(self.compile_s, 1),
         }
+        if self.switch_s:
+            out["switch_s"] = None if np.isnan(self.switch_s) else self.switch_s
         if self.refused:
             out["refused"] = self.refused
         return out
@@ -263,6 +270,17 @@ def roofline_s(flops: float, bytes_accessed: float, chip: Chip) -> float:
     return max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bytes_per_s)
 
 
+def switch_seconds(at_rest, during, chip: Chip) -> float:
+    """The time to move a state from its resting layout to a phase's and back: each way,
+    the busiest chip sends its share or receives its new one over its links at half the
+    published two-way bandwidth. A bound like the roofline's (no hops, no contention);
+    NaN where the chip's bandwidth is not published."""
+    if not chip.ici_bytes_per_s:
+        return float("nan")
+    one_way = chip.ici_bytes_per_s / 2
+    return 2 * max(bytes_per_chip(at_rest), bytes_per_chip(during)) / one_way
+
+
 def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs: bool = True) -> ProgramReport:
     """``p`` compiled for ``chip``'s devices; its figures, or the compiler's refusal. Without
     ``costs``, memory alone (no FLOPs, no time: the check before a run's first step)."""
@@ -288,6 +306,7 @@ def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs
         p.component, p.name, float(mem.argument_size_in_bytes), float(mem.output_size_in_bytes),
         float(mem.alias_size_in_bytes), float(mem.temp_size_in_bytes), others_bytes, flops, accessed,
         roofline_s(flops, accessed, chip) if costs else float("nan"), p.calls, p.model_flops, compile_s,
+        switch_s=switch_seconds(*p.switch, chip) if p.switch and costs else 0.0,
     )
 
 
@@ -322,7 +341,13 @@ class PlanReport:
         scoring, then the update): the sum of each program's calls."""
         if any(r.refused for r in self.reports):
             return None
-        return sum(r.predicted_s * r.calls for r in self.reports)
+        # A switch on a chip whose bandwidth is unpublished (NaN) is left out; a note says so.
+        return sum((r.predicted_s + np.nan_to_num(r.switch_s)) * r.calls for r in self.reports)
+
+    @property
+    def switch_s(self) -> float:
+        """Per iteration: the time the state's moves between meshes take (cluster.scaling=dynamic)."""
+        return sum(r.switch_s * r.calls for r in self.reports)
 
     @property
     def mfu(self) -> float | None:
@@ -369,6 +394,8 @@ class PlanReport:
             "largest_program": f"{self.largest.component}/{self.largest.name}",
             "predicted_iteration_s": None if t is None else round(t, 6),
             "predicted_mfu": None if self.mfu is None else round(self.mfu, 4),
+            **({"predicted_switch_s": None if np.isnan(self.switch_s) else self.switch_s}
+               if self.switch_s else {}),
             "prediction": "roofline bound: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per call, phases in sequence",
             "components": components,
             "remedies": self.remedies,
@@ -397,6 +424,10 @@ class PlanReport:
         if t is not None:
             util = f", model FLOPs utilisation {mfu:.1%}" if mfu is not None else ""
             lines.append(f"predicted iteration (roofline bound, phases in sequence): {t:.3f} s{util}")
+        if self.switch_s:
+            moved = ("not counted: this chip's interconnect bandwidth is not published" if np.isnan(self.switch_s)
+                     else f"{self.switch_s:.3f} s of it")
+            lines.append(f"the state's moves to the update's chips and back (cluster.scaling=dynamic): {moved}")
         lines += [f"note: {n}" for n in self.notes]
         for r in self.remedies:
             lines.append(f"remedy: {r['remedy']}: {r['effect']}")

@@ -46,20 +46,23 @@ class Chip:
     peak_flops: float  # dense bfloat16 FLOP/s per chip
     hbm_bytes_per_s: float
     platform: str = "tpu"
+    # Chip-to-chip bandwidth, both directions together (TPU ICI, NVLink); 0 where no figure
+    # is published. What moving state between meshes (cluster.scaling=dynamic) is held to.
+    ici_bytes_per_s: float = 0.0
 
 
 # Published per-chip figures (Google Cloud's TPU system architecture pages; NVIDIA's H100
-# SXM datasheet, dense bfloat16 without sparsity).
+# SXM datasheet, dense bfloat16 without sparsity). The v4 page gives no per-chip ICI figure.
 CHIPS = {
     "v4": Chip("v4", 32.0, 275e12, 1.2e12),
-    "v5e": Chip("v5e", 16.0, 197e12, 0.819e12),
-    "v5p": Chip("v5p", 95.0, 459e12, 2.765e12),
-    "v6e": Chip("v6e", 32.0, 918e12, 1.64e12),
+    "v5e": Chip("v5e", 16.0, 197e12, 0.819e12, ici_bytes_per_s=400e9),
+    "v5p": Chip("v5p", 95.0, 459e12, 2.765e12, ici_bytes_per_s=1200e9),
+    "v6e": Chip("v6e", 32.0, 918e12, 1.64e12, ici_bytes_per_s=800e9),
 }
 GPUS = {
-    "a100": Chip("a100", 80.0, 312e12, 2.039e12, "gpu"),  # A100 SXM 80 GB
-    "h100": Chip("h100", 80.0, 989e12, 3.35e12, "gpu"),  # H100 SXM
-    "h200": Chip("h200", 141.0, 989e12, 4.8e12, "gpu"),
+    "a100": Chip("a100", 80.0, 312e12, 2.039e12, "gpu", 600e9),  # A100 SXM 80 GB, NVLink 3
+    "h100": Chip("h100", 80.0, 989e12, 3.35e12, "gpu", 900e9),  # H100 SXM, NVLink 4
+    "h200": Chip("h200", 141.0, 989e12, 4.8e12, "gpu", 900e9),
 }
 GPUS_PER_HOST = 8
 GPU_ESTIMATE_NOTE = (

@@ -22,11 +22,16 @@ def components(cfg: Config) -> tuple[str, ...]:
 
 def placement(cfg: Config, num_devices: int) -> Placement:
     """The run's placement; with cluster.scaling=dynamic, its ``update`` phase: the actor's
-    devices plus the rollout's, whose copy of the weights is released during the update.
-    The reference keeps its devices: it holds the frozen policy every iteration reads."""
+    devices plus every other component's, all idle while the actor learns. The rollout's
+    copy of the weights is released during the update; the reference's frozen weights stay
+    where they are, beside the update's share of the work on its chips (the planner counts
+    them there)."""
     c = cfg.cluster
-    out = resolve_placement(c.component_placement, components(cfg), num_devices, c.mesh)
-    return with_phase(out, "update", "actor", ("rollout",)) if c.scaling == "dynamic" else out
+    names = components(cfg)
+    out = resolve_placement(c.component_placement, names, num_devices, c.mesh)
+    if c.scaling != "dynamic":
+        return out
+    return with_phase(out, "update", "actor", tuple(n for n in names if n != "actor"))
 
 
 def check_algorithm(cfg: Config) -> None:

@@ -27,13 +27,13 @@ from rlinf_jax.sharding import (
     batch_divisor,
     component_mesh,
     param_shardings,
-    resolve_placement,
     rules_from_config,
     state_shardings,
 )
 from rlinf_jax.sharding.mesh import batch_sharding, replicated
 from rlinf_jax.tasks.reasoning import update as rl
 from rlinf_jax.tasks.reasoning.config import check_algorithm, components
+from rlinf_jax.tasks.reasoning.config import placement as place
 from rlinf_jax.tasks.sft.lm_model import lm_architecture
 from rlinf_jax.tasks.sft.lm_setup import lm_transform, make_lora, policy_weights, trainable_params
 from rlinf_jax.tasks.sft.plan import lm_remedies, matmul_params
@@ -57,7 +57,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     check_algorithm(cfg)
     a, m, ro = cfg.algorithm, cfg.actor.model, cfg.rollout
     names = components(cfg)
-    placement = resolve_placement(cfg.cluster.component_placement, names, len(devices), cfg.cluster.mesh)
+    placement = place(cfg, len(devices))
     meshes = {c: component_mesh(placement, c, devices) for c in names}
     rules = rules_from_config(cfg.cluster.partition_rules)
 
@@ -87,17 +87,35 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
         f"an iteration: {prompts} prompts x {group} samples, prompts padded to {P} tokens, responses of "
         f"{N} tokens (every response at the limit: the worst case)",
     ]
+    dynamic = "update" in placement.phases
+    if dynamic:
+        phase = placement.phases["update"]
+        notes.append(f"cluster.scaling=dynamic: the update runs on {len(phase.devices)} chip(s) "
+                     f"{dict(phase.mesh_shape)}: the actor's and those of the components idle meanwhile; the actor's "
+                     "state moves there and back every iteration")
+        if len({getattr(d, "process_index", 0) for d in devices}) > 1:
+            notes.append("the moves are costed device to device over the chips' links; across hosts this build "
+                         "moves the state through the hosts' memory instead (correct, far slower), so on this "
+                         "target the gain needs a device-to-device move between hosts, not built yet")
 
     # ---------------------------------------------------------------- actor
-    actor = meshes["actor"]
-    actor_params = laid_out(params, param_shardings(params, actor, rules))
+    home = meshes["actor"]
     n_mini = samples // cfg.actor.global_batch_size
     o = cfg.actor.optim
     total = cfg.runner.max_steps * a.update_epochs * n_mini
     tx, schedule = clipped_adamw(o.lr, o.max_grad_norm, o.weight_decay, o.warmup_steps, o.lr_schedule, total)
     tx = lm_transform(tx, lora)
-    opt = jax.eval_shape(tx.init, actor_params)
-    opt = laid_out(opt, state_shardings(opt, actor, rules))
+
+    def state_on(mesh):
+        laid = laid_out(params, param_shardings(params, mesh, rules))
+        opt = jax.eval_shape(tx.init, laid)
+        return laid, laid_out(opt, state_shardings(opt, mesh, rules))
+
+    # Where the state rests (the actor's mesh) and where the update runs on it (the same
+    # mesh, or with cluster.scaling=dynamic the update phase's).
+    home_params, home_opt = state_on(home)
+    actor = component_mesh(placement, "update", devices) if dynamic else home
+    actor_params, opt = state_on(actor) if dynamic else (home_params, home_opt)
     layout = None
     if cfg.actor.micro_batch_size % batch_divisor(actor) == 0 and batch_axes(actor):
         layout = NamedSharding(actor, PartitionSpec(None, None, batch_axes(actor)))
@@ -124,11 +142,12 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     train_flops = passes * flop_params * tokens
     out: list[Program] = [
         Program("actor", "update", update, (state, batch, key), model_flops=train_flops,
-                holds=("actor params", "actor optimizer"), more=_update_loops(u, actor_params, opt, batch, actor)),
+                holds=("actor params", "actor optimizer"), more=_update_loops(u, actor_params, opt, batch, actor),
+                switch=((home_params, home_opt), (actor_params, opt)) if dynamic else ()),
     ]
     residents = [
-        Resident("actor", "actor params", actor_params),
-        Resident("actor", "actor optimizer", opt),
+        Resident("actor", "actor params", home_params),
+        Resident("actor", "actor optimizer", home_opt),
     ]
 
     # ---------------------------------------------------------------- reference
