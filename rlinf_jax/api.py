@@ -477,9 +477,14 @@ def _auto_layout(cfg: Config, run, progress):
     plans = [(m, c, r) for m, c, r in tried if not isinstance(r, str)]
     if not plans:
         raise BadInput(f"cluster.component_placement=auto: no layout can be planned here ({tried[0][2]})")
+    # Of the layouts that fit, the fastest predicted (moves between meshes on a chip whose
+    # interconnect bandwidth is unpublished have no prediction: they compete on memory only
+    # when nothing else fits); else the smallest peak.
     fitting = [t for t in plans if t[2].fits]
-    mode, chosen, report = (min(fitting, key=lambda t: t[2].predicted_iteration_s) if fitting
-                            else min(plans, key=lambda t: max(r.peak_bytes for r in t[2].reports)))
+    timed = [t for t in fitting if t[2].predicted_iteration_s is not None]
+    peak = lambda t: max(r.peak_bytes for r in t[2].reports)  # noqa: E731
+    mode, chosen, report = (min(timed, key=lambda t: t[2].predicted_iteration_s) if timed
+                            else min(fitting or plans, key=peak))
 
     def said(r) -> str:
         if isinstance(r, str):

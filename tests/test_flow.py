@@ -203,11 +203,11 @@ def test_staged_run_resumes_exactly_and_accounts_staleness(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.devices(2)
+@pytest.mark.devices(4)
 def test_dynamic_scaling_resumes_exactly_and_logs_its_switches(tmp_path):
-    # env and rollout on device 0, the actor on 1; the update runs on both.
-    dynamic = ["cluster.component_placement=disaggregated", "cluster.scaling=dynamic", "runner.save_interval=2",
-               "runner.eval_interval=2"]
+    # env and rollout on devices 0-1, the actor on 2-3 ({fsdp: 2}); the update on all four ({fsdp: 4}).
+    dynamic = ["cluster.component_placement={env: 0-1, rollout: 0-1, actor: 2-3}", "cluster.mesh.actor={fsdp: 2}",
+               "cluster.scaling=dynamic", "runner.save_interval=2", "runner.eval_interval=2"]
     run(_cfg(tmp_path, "straight", *dynamic, "runner.max_steps=4"))
     run(_cfg(tmp_path, "split", *dynamic, "runner.max_steps=2"))
     assert run(_cfg(tmp_path, "split", *dynamic, "runner.max_steps=4", "runner.resume=auto")).resumed_from == 2
@@ -215,7 +215,7 @@ def test_dynamic_scaling_resumes_exactly_and_logs_its_switches(tmp_path):
     assert _comparable(straight) == _comparable(read_metrics(tmp_path / "split" / "metrics.jsonl"))
     assert all(r["time/switch_s"] > 0 for r in straight if "train/loss" in r)
     phases = json.loads((tmp_path / "straight" / "placement.json").read_text())["phases"]
-    assert phases == {"update": {"devices": [0, 1], "mesh_shape": {"data": 2}, "axis_names": ["data"]}}
+    assert phases == {"update": {"devices": [0, 1, 2, 3], "mesh_shape": {"fsdp": 4}, "axis_names": ["fsdp"]}}
 
 
 @pytest.mark.devices(2)
@@ -227,6 +227,9 @@ def test_dynamic_scaling_where_it_cannot_work_is_one_error_line(tmp_path, capsys
         ([*TINY, "cluster.component_placement=disaggregated", "flow.max_staleness=1"], "set flow.max_staleness=0"),
         (TINY, "a collocated run has every component on every device"),
         (["--config-name", "sac_brax", "cluster.component_placement=disaggregated"], "no idle phase"),
+        (["--config-name", "sft_math", "cluster.component_placement={actor: 0-1}"], "supervised fine-tuning has one"),
+        ([*TINY, "cluster.component_placement={env: 0, rollout: 0, actor: 1}", "env.num_envs=15",
+          "algorithm.num_minibatches=1"], "env.num_envs=15 does not split over them"),
     ]:
         assert main([*argv, f"runner.output_dir={tmp_path}", "cluster.scaling=dynamic"]) == 2
         err = capsys.readouterr().err.strip()

@@ -98,6 +98,21 @@ def test_dynamic_scaling_plans_the_update_on_the_borrowed_chips_and_counts_the_m
     assert "state's moves to the update's chips and back" in dynamic.table()
 
 
+def test_moves_on_a_chip_without_a_published_interconnect_figure_leave_the_iteration_unpredicted():
+    from rlinf_jax.flow.plan import PlanReport, ProgramReport
+    from rlinf_jax.sharding.targets import CHIPS
+
+    def report(switch_s):
+        update = ProgramReport("actor", "update", 1.0, 1.0, 0.0, 1.0, 0.0, 1e12, 1e9, 0.5, 1.0, 1e12, 0.1,
+                               switch_s=switch_s)
+        return PlanReport("v4:2x2x1", CHIPS["v4"], 4, 1, [update])
+
+    assert report(0.25).predicted_iteration_s == pytest.approx(0.75) and report(0.25).switch_s == 0.25
+    unknown = report(float("nan"))
+    assert CHIPS["v4"].ici_bytes_per_s == 0 and unknown.predicted_iteration_s is None
+    assert unknown.to_json()["predicted_switch_s"] is None and "not counted" in unknown.table()
+
+
 def test_bytes_per_chip_follow_the_shardings():
     devices = jax.devices()[:1]
     mesh = jax.sharding.Mesh(np.array(devices), ("fsdp",))

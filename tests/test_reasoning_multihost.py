@@ -6,7 +6,7 @@ same seed and config must give the same numbers through `python -m rlinf_jax.lau
 collocated (every component over both hosts), and GRPO disaggregated (rollout and
 reference on the first host, the actor on the second, so samples, reference log-probs
 and weights cross hosts every iteration and the actor's state reaches the checkpoint
-through the host). Each launch compiles in both processes on a 2-core machine, so the
+through the host) with cluster.scaling=dynamic (the update on both hosts' devices). Each launch compiles in both processes on a 2-core machine, so the
 runs are two iterations of a tiny model.
 
 Host rewards are shared out over the processes (`rewards.split`); that
@@ -99,16 +99,23 @@ def test_sft_and_grpo_collocated_on_two_hosts_match_one_host(ray_address, one_ho
 
 
 @pytest.mark.slow
-def test_grpo_disaggregated_on_two_hosts_matches_one_host(ray_address, one_host, tmp_path):
+def test_grpo_disaggregated_and_scaled_dynamically_on_two_hosts_matches_one_host(ray_address, one_host, tmp_path):
     # Starts from the reference's warm start: the same weights, loaded by both processes.
-    proc = _launch(ray_address, *RUN, "cluster.component_placement=disaggregated", f"actor.model.path={one_host / 'sft'}",
-                   f"runner.output_dir={tmp_path}", "runner.experiment_name=two", timeout=900)
+    # With cluster.scaling=dynamic the update runs on both hosts' devices: the actor's
+    # state crosses from the second host to both and back every iteration, beside the
+    # samples, reference log-probs and weights that cross in any disaggregated run.
+    proc = _launch(ray_address, *RUN, "cluster.component_placement=disaggregated", "cluster.scaling=dynamic",
+                   f"actor.model.path={one_host / 'sft'}", f"runner.output_dir={tmp_path}",
+                   "runner.experiment_name=two", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "two"
     _assert_close(_numbers(run_dir), _numbers(one_host))
-    components = json.loads((run_dir / "placement.json").read_text())["components"]
+    placement = json.loads((run_dir / "placement.json").read_text())
+    components = placement["components"]
     assert components["rollout"]["devices"] == [0, 1] and components["reference"]["devices"] == [2, 3]
     assert components["actor"]["devices"] == [4, 5, 6, 7]  # the second host's
+    assert placement["phases"]["update"]["devices"] == list(range(8))
+    assert all(r["time/switch_s"] > 0 for r in read_metrics(run_dir) if "train/loss" in r)
 
 
 # ------------------------------------------------------------------ pieces, in one process

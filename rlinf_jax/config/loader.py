@@ -614,7 +614,8 @@ def _validate_cluster(c) -> None:
     _require(
         c.scaling == "static" or cp != "collocated",
         "cluster.scaling=dynamic lends devices between components, and a collocated run has every component on "
-        "every device; use cluster.component_placement=disaggregated (or hybrid), or cluster.scaling=static",
+        "every device; use cluster.component_placement=disaggregated (or a mapping that keeps the actor apart from the "
+        "rollout), or cluster.scaling=static",
     )
     for name, shape in c.mesh.items():
         _require(

@@ -339,10 +339,11 @@ class PlanReport:
     def predicted_iteration_s(self) -> float | None:
         """Phases one after the other (every workload here is on-policy: generation, then
         scoring, then the update): the sum of each program's calls."""
-        if any(r.refused for r in self.reports):
+        # No prediction where a program was refused, or where the state's moves cannot be
+        # costed (a chip whose interconnect bandwidth is not published).
+        if any(r.refused or np.isnan(r.switch_s) for r in self.reports):
             return None
-        # A switch on a chip whose bandwidth is unpublished (NaN) is left out; a note says so.
-        return sum((r.predicted_s + np.nan_to_num(r.switch_s)) * r.calls for r in self.reports)
+        return sum((r.predicted_s + r.switch_s) * r.calls for r in self.reports)
 
     @property
     def switch_s(self) -> float:

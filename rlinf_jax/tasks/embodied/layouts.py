@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 
 from rlinf_jax.config.schema import Config
+from rlinf_jax.errors import BadInput
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
@@ -41,6 +42,11 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         placement = resolve_placement("collocated", COMPONENTS, num_devices, cfg.cluster.mesh)
     elif placement is None:
         placement = resolve_embodied_placement(cfg, num_devices)
+    if cfg.cluster.scaling == "dynamic" and not placement.phases:
+        raise BadInput(
+            "cluster.scaling=dynamic lends devices between components, and this run is placed collocated (a host "
+            "simulator or seeds side by side under component_placement=auto): use cluster.scaling=static"
+        )
     if is_host_suite(cfg.env) and placement.phases:
         raise BadInput(
             f"cluster.scaling=dynamic is not built for host simulators ({cfg.env.suite}) yet: their runner keeps the "

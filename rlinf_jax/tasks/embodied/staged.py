@@ -126,7 +126,15 @@ class StagedPPO(EnvTrainer):
             if self.offload:
                 raise BadInput("cluster.scaling=dynamic moves the optimiser state to the update's devices each "
                                "iteration; flow.offload_optimizer parks it on the host instead: set one of them off")
-            self.update_core = PPOTrainer(cfg, setup, component_mesh(placement, "update", devices))
+            update_mesh = component_mesh(placement, "update", devices)
+            n = batch_divisor(update_mesh)
+            if env.num_envs % n:
+                raise BadInput(
+                    f"cluster.scaling=dynamic runs the update on {n} devices (the actor's and the rollout's), and "
+                    f"env.num_envs={env.num_envs} does not split over them; use a multiple of {n}, or a placement "
+                    "whose actor and rollout devices together divide it"
+                )
+            self.update_core = PPOTrainer(cfg, setup, update_mesh, evaluates=False)
         self._switch_s = 0.0
         env_dev, roll_dev = (placement.components[c] for c in ("env", "rollout"))
         # Env and rollout on the same devices in the same layout: unroll each micro-batch
@@ -224,7 +232,9 @@ class StagedPPO(EnvTrainer):
     def compile(self, s: StagedState, eval_key) -> None:
         # Jitted stages compile on first use; run one throwaway iteration's worth of
         # every stage on copies so that timings after this are pure execution.
-        probe = self.start(self.snapshot(s))
+        # Through the host: `start` may hand back the very arrays it is given, and the
+        # probe's update frees what it moves (cluster.scaling=dynamic donates its state).
+        probe = self.start(fetch(self.snapshot(s)))
         self.run_iterations(probe, 1)
         self.core.compile_eval(s.learner, eval_key)
 

@@ -30,8 +30,9 @@ from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, fresh_state
 
 
-def check_batch(cfg: Config, setup: Setup, mesh) -> None:
-    """The env batches split over the mesh's devices and the rollout into minibatches."""
+def check_batch(cfg: Config, setup: Setup, mesh, evaluates: bool = True) -> None:
+    """The env batches split over the mesh's devices (the eval envs' where it evaluates) and
+    the rollout into minibatches."""
     n = batch_divisor(mesh)
     env, eval_env = setup.env, setup.eval_env
     if env.num_envs % n:
@@ -39,7 +40,7 @@ def check_batch(cfg: Config, setup: Setup, mesh) -> None:
             f"env.num_envs={env.num_envs} is not divisible by the {n} devices of the mesh; "
             f"use a multiple of {n} or set cluster.num_devices"
         )
-    if eval_env.num_envs % n:
+    if evaluates and eval_env.num_envs % n:
         raise BadInput(
             f"env.num_eval_envs={eval_env.num_envs} is not divisible by the {n} devices "
             f"of the mesh; use a multiple of {n}"
@@ -53,10 +54,11 @@ def check_batch(cfg: Config, setup: Setup, mesh) -> None:
 
 class PPOTrainer(FusedTrainer):
     """``placement``: the run's layout (all collocated on ``mesh``), None where the trainer
-    serves as a staged runner's learner half or as the planner's stand-in."""
+    serves as a staged runner's learner half or as the planner's stand-in; ``evaluates``
+    False for a learner that never runs the evaluation (a dynamic update phase's)."""
 
-    def __init__(self, cfg: Config, setup: Setup, mesh, placement: Placement | None = None):
-        check_batch(cfg, setup, mesh)
+    def __init__(self, cfg: Config, setup: Setup, mesh, placement: Placement | None = None, evaluates: bool = True):
+        check_batch(cfg, setup, mesh, evaluates)
         self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
         self._frames_fns: dict = {}
         self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy

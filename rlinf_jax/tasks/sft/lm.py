@@ -22,6 +22,7 @@ from flax import nnx, struct
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader, boxed_response
+from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adamw, guarded_update
 from rlinf_jax.policies.lm.logprobs import policy_logprobs
 from rlinf_jax.policies.lm.lora import LoRA
@@ -113,6 +114,9 @@ class SFTTrainer(LMTrainer):
         self.cfg = cfg
         num_devices = resolve_num_devices(cfg.cluster.num_devices)
         devices = jax.devices()[:num_devices] if devices is None else devices
+        if cfg.cluster.scaling == "dynamic":
+            raise BadInput("cluster.scaling=dynamic lends devices between components, and supervised fine-tuning has "
+                           "one (the actor): use cluster.scaling=static")
         if placement is None:
             placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, len(devices), cfg.cluster.mesh)
         self.placement = placement
