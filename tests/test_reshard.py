@@ -43,3 +43,30 @@ def test_weight_sync_across_meshes():
     moved = reshard(src, rollout_sh.update(spec=P("data")), donate=True)
     np.testing.assert_array_equal(np.asarray(moved), np.arange(16.0))
     assert src.is_deleted()
+
+
+@pytest.mark.devices(8)
+@pytest.mark.parametrize("spec", [P("fsdp"), P(None, "fsdp"), P()])
+def test_a_state_moves_onto_a_phase_mesh_and_back_device_to_device(monkeypatch, spec):
+    # cluster.scaling=dynamic's moves: the actor's {fsdp: 4} on devices 4-7 onto all 8
+    # ({fsdp: 8}) and back. jax.device_put alone would gather a leaf whose pieces change on
+    # the host (ArrayImpl._value); here no leaf may.
+    from jax._src.array import ArrayImpl
+
+    devices = jax.devices()
+    home = jax.sharding.Mesh(np.array(devices[4:]), ("fsdp",))
+    phase = jax.sharding.Mesh(np.array(devices), ("fsdp",))
+    value = np.arange(256.0).reshape(16, 16)
+    x = jax.device_put(value, NamedSharding(home, spec))
+    with monkeypatch.context() as m:
+        m.setattr(ArrayImpl, "_value", property(lambda self: pytest.fail("a leaf went through the host")))
+        there = reshard({"x": x}, NamedSharding(phase, spec), donate=True)["x"]
+        back = reshard({"x": there}, NamedSharding(home, spec), donate=True)["x"]
+        back.block_until_ready()
+    assert there.sharding.device_set == set(devices) and back.sharding == NamedSharding(home, spec)
+    # Each source is freed once its copy landed, or lives on in the new layout where that
+    # keeps its pieces as they are (replicated: the actor's devices copy nothing).
+    for source, moved in ((x, there), (there, back)):
+        kept = lambda a: {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}  # noqa: E731
+        assert source.is_deleted() or kept(source) & kept(moved)
+    np.testing.assert_array_equal(np.asarray(back), value)

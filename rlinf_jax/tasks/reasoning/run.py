@@ -46,8 +46,9 @@ def sft_warm_start_config(cfg: Config) -> Config:
     c.actor.micro_batch_size = s.batch_size if s.batch_size % cfg.actor.micro_batch_size else cfg.actor.micro_batch_size
     if s.train_levels:
         c.data.train_levels = list(s.train_levels)
-    # SFT has the actor alone; it runs on all the run's devices.
+    # SFT has the actor alone; it runs on all the run's devices, with none to lend.
     c.cluster.component_placement = "collocated"
+    c.cluster.scaling = "static"
     c.cluster.mesh = {k: v for k, v in cfg.cluster.mesh.items() if k == "actor"}
     return c
 
