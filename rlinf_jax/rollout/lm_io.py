@@ -157,8 +157,6 @@ def make_sampler(model: CausalLM, pad: int, mesh, rules) -> Sampler:
 
 
 def sync_sampler(sampler: Sampler, weights) -> None:
-    """Weight sync: ``weights`` (the actor's) onto the sampler's layout, also across hosts."""
-    if is_multiprocess() and sampler.param_shardings is not None:
-        # A device-to-device copy cannot leave a host; `put` goes through the hosts there.
-        weights = put(weights, sampler.param_shardings)
+    """Weight sync: ``weights`` (the actor's) onto the sampler's layout, also across hosts
+    (`Sampler.set_params` reshards, and `reshard` goes through `put` there)."""
     sampler.set_params(weights)

@@ -29,7 +29,6 @@ from rlinf_jax.errors import BadInput
 
 MESH_AXES = ("data", "fsdp", "tensor")
 MODES = ("collocated", "disaggregated", "hybrid")
-SCALINGS = ("static", "dynamic")
 
 
 def parse_ranks(spec, num_devices: int, where: str = "cluster.component_placement") -> tuple[int, ...]:

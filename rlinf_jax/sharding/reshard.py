@@ -63,10 +63,11 @@ def relayout(x: jax.Array, s: jax.sharding.Sharding) -> jax.Array:
     `jax.device_put` copies a shard device to device only when the new layout has a piece
     with the same index (as it does here for those); a leaf whose pieces change (``fsdp:
     2`` -> ``fsdp: 4``) it gathers on the host and splits again. Here the change of pieces
-    is a compiled program on the larger device set instead (XLA's collectives over the chips' links), and the step
-    between the two sets keeps every piece's index: the smaller layout's pieces repeated
-    over the larger set (`_repeated`). Anything else (sets that are neither, sizes that are
-    not multiples, other sharding kinds) is `jax.device_put`.
+    is a compiled program on the larger device set instead (XLA's collectives over the
+    chips' links), and the step between the two sets keeps every piece's index: the
+    smaller layout's pieces repeated over the larger set (`_repeated`). Anything else
+    (sets that are neither, sizes that are not multiples, other sharding kinds) is
+    `jax.device_put`.
     """
     src = x.sharding
     if (not (isinstance(src, NamedSharding) and isinstance(s, NamedSharding)) or src.device_set == s.device_set

@@ -316,13 +316,9 @@ class StagedPPO(EnvTrainer):
         s.channel.put((traj, last_obs, self.learn.put(update_key)), s.rollout_version)
 
     def _sync(self, s: StagedState) -> None:
-        if is_multiprocess():  # the actor's and the rollout's devices may be on different hosts
-            shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-            s.rollout_params = put(s.learner.params, shardings(s.rollout_params))
-            s.rollout_stats = put(s.learner.obs_stats, shardings(s.rollout_stats))
-        else:
-            s.rollout_params = sync_weights(s.learner.params, s.rollout_params)
-            s.rollout_stats = sync_weights(s.learner.obs_stats, s.rollout_stats)
+        # Also across hosts: `sync_weights` goes through `put` there.
+        s.rollout_params = sync_weights(s.learner.params, s.rollout_params)
+        s.rollout_stats = sync_weights(s.learner.obs_stats, s.rollout_stats)
         s.rollout_version = s.actor_version
 
     def run_iterations(self, s: StagedState, n: int):
