@@ -91,7 +91,7 @@ def run_one(name: str, seed: int, args, demos: str) -> dict:
 
 def make_demos(args, out_dir: str) -> str:
     from rlinf_jax import collect
-    from rlinf_jax.train import main as train
+    from rlinf_jax.cli.train import main as train
 
     log("training the PPO policy whose transitions are the demonstrations (default ppo_brax recipe)")
     assert train([f"runner.output_dir={out_dir}", "runner.experiment_name=ppo", "runner.progress_bar=false"]) == 0

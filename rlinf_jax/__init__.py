@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 # Before anything starts a JAX backend: libtpu's start-up chatter on machines without TPUs.
 quiet_cpu_default()
 
+# `train`, `evaluate`, `convert` and `plan` are also commands (`python -m rlinf_jax.train`); those
+# modules are only run, never imported, so the names here are always the functions (rlinf_jax.cli).
 _API = (
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
     "make_env", "plan", "read_metrics", "restore", "train",
@@ -27,14 +29,7 @@ _ELSEWHERE = {"BadInput": "rlinf_jax.errors", "TrainingDiverged": "rlinf_jax.flo
 __all__ = [*_API, *_ELSEWHERE, "__version__"]
 
 
-# Also command modules (`python -m rlinf_jax.train`, `.evaluate`, `.convert`): the module is what the package holds
-# once imported, so it is made callable as the function (rlinf_jax.api.make_callable).
-_COMMANDS = ("train", "evaluate", "convert", "plan")
-
-
 def __getattr__(name: str):
-    if name in _COMMANDS:
-        return importlib.import_module(f"rlinf_jax.{name}")
     if name in _API:
         module = "rlinf_jax.api"
     elif name in _ELSEWHERE:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,8 @@ import numpy as np
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 
-# Imports of JAX and of the code that runs it sit inside the functions: the command modules
-# import this one (make_callable) and answer --help before JAX loads.
+# Imports of JAX and of the code that runs it sit inside the functions: the command-line
+# programs (rlinf_jax.cli) import this one and answer --help before JAX loads.
 
 __all__ = [
     "Config", "LMSampler", "Metrics", "TrainResult", "convert", "evaluate", "list_envs", "list_recipes", "load_config",
@@ -582,23 +581,3 @@ def restore(path, overrides: Sequence[str] | dict = ()):
     from rlinf_jax.tasks.saved import restore_policy
 
     return restore_policy(path, overrides)
-
-
-# ------------------------------------------------------------------ command modules
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return globals()[self.__name__.rpartition(".")[2]](*args, **kwargs)
-
-
-def make_callable(module_name: str) -> None:
-    """Makes the command module ``module_name`` (``rlinf_jax.train``, ``.evaluate``,
-    ``.convert``) callable as this module's function of the same name.
-
-    ``python -m rlinf_jax.train`` needs a module ``rlinf_jax.train``, and importing a
-    submodule makes Python set it as the package's attribute, so ``rlinf_jax.train`` is
-    that module whenever anything imported it, never the function. Rather than let
-    ``rj.train(cfg)`` depend on import order, calling the module calls the function.
-    """
-    sys.modules[module_name].__class__ = _CallableModule

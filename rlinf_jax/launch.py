@@ -128,7 +128,7 @@ def worker_main(train_argv) -> int:
 
         if not initialize_from_env():
             initialize()
-        from rlinf_jax.train import main as train_main
+        from rlinf_jax.cli.train import main as train_main
 
         code = train_main(train_argv)
     except Exception:

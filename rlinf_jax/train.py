@@ -1,85 +1,18 @@
-"""`python -m rlinf_jax.train [--config-name NAME] [key=value ...]`: config -> flow -> run.
+"""`python -m rlinf_jax.train`: the command. Its code is `rlinf_jax.cli.train`; from Python,
+``rlinf_jax.train(...)`` is the function `rlinf_jax.api.train`.
 
-``runner.task`` picks the task (`rlinf_jax.tasks.registry`): ``embodied`` (PPO / GRPO on a
-batched env, MLP, VLA or pi0 policy), ``sft`` (supervised fine-tuning of a language model,
-or with ``actor.model.kind=vla`` behaviour cloning of a VLA on expert demonstrations) or
-``reasoning`` (RL of a language model on verifiable rewards).
+Only run, never imported: importing a submodule makes Python set it as the package's
+attribute, which would turn ``rlinf_jax.train`` from the function into this module.
 """
 
-from __future__ import annotations
+if __name__ != "__main__":
+    raise ImportError(
+        "rlinf_jax.train is the command `python -m rlinf_jax.train`, not a module to import: call "
+        "rlinf_jax.train(...) (the function), or import rlinf_jax.cli.train for its main()"
+    )
 
-import argparse
 import sys
 
-from rlinf_jax.api import make_callable, prepare_jax
+from rlinf_jax.cli.train import main
 
-
-def _parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m rlinf_jax.train",
-        description="Train a policy with reinforcement learning (or a language model with SFT). Overrides are "
-        "dotted key=value pairs, e.g. runner.max_steps=50 env.name=ant.",
-    )
-    parser.add_argument("--config-name", "-cn", default="ppo_brax", help="recipe in configs/ (default: ppo_brax)")
-    parser.add_argument("--list-recipes", action="store_true", help="print the available recipes and exit")
-    parser.add_argument("--list-envs", action="store_true", help="print the available envs and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    return parser.parse_intermixed_args(argv)
-
-
-def main(argv=None) -> int:
-    args = _parse_args(sys.argv[1:] if argv is None else argv)
-    # Deferred until the arguments are parsed, so that `--help` answers before JAX loads.
-    from rich.console import Console
-
-    from rlinf_jax.errors import BadInput
-
-    console = Console(stderr=False)
-    run_dir = None  # where a crash report goes, once the config names it
-    try:
-        # The listings answer before JAX loads (the env names are read from the suites'
-        # files, not imported: Brax and MJX take seconds).
-        if args.list_recipes:
-            from rlinf_jax.config import list_recipes
-
-            print("\n".join(list_recipes()))
-            return 0
-        if args.list_envs:
-            from rlinf_jax.envs.names import list_envs
-
-            for suite, names in list_envs().items():
-                print(f"{suite}: {', '.join(names)}")
-            return 0
-        # Before the tasks' imports start JAX's backend: XLA reads its flags then.
-        prepare_jax(args.config_name, args.overrides)
-        from rlinf_jax.flow.host_loop import TrainingDiverged
-        from rlinf_jax.tasks.registry import load_run_config, task_of
-
-        cfg = load_run_config(args.config_name, args.overrides, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
-        run_dir = f"{cfg.runner.output_dir}/{cfg.runner.experiment_name}"
-        task = task_of(cfg)
-        try:
-            summary = task.run(cfg, console=console)
-        except TrainingDiverged as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        hint = f": continue from the last checkpoint with runner.resume=auto (run dir {run_dir})" if run_dir else ""
-        print(f"interrupted{hint}", file=sys.stderr)
-        return 130
-    except Exception as e:
-        from rlinf_jax.crash import report_crash
-
-        return report_crash(e, run_dir)
-    console.print(summary.text(), soft_wrap=True)  # a long line stays one line
-    return 0
-
-
-# `rj.train(...)` (this module, called) is `rlinf_jax.api.train`: see rlinf_jax.api.make_callable.
-make_callable(__name__)
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

@@ -67,15 +67,15 @@ if fault:
 
 marker, entry, *argv = sys.argv[1:]
 if entry == "train":
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 elif entry == "evaluate":
-    from rlinf_jax.evaluate import main
+    from rlinf_jax.cli.evaluate import main
 elif entry == "collect":
     from rlinf_jax.collect import main
 elif entry == "launch":
     from rlinf_jax.launch import main
 else:
-    from rlinf_jax.convert import main
+    from rlinf_jax.cli.convert import main
 code = main(argv)
 with open(marker, "w") as f:
     f.write(repr(time.time()))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rlinf_jax.runtime import read_metrics
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 
 TINY = [
     "actor.model.lm_hidden_size=64", "actor.model.lm_intermediate_size=128", "actor.model.lm_num_layers=2",
@@ -52,7 +52,7 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
     assert max(r["rollout/agent/tool_calls"] for r in full[1:]) > 0
     assert max(r["rollout/agent/tokens_observed"] for r in full[1:]) > 0
     # The evaluation CLI scores the run's checkpoint on whole episodes, as the run's own evaluation did.
-    from rlinf_jax.evaluate import main as evaluate
+    from rlinf_jax.cli.evaluate import main as evaluate
 
     out = tmp_path / "eval.json"
     assert evaluate(["--checkpoint", str(tmp_path / "full"), "--out", str(out), "--no-progress"]) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +28,18 @@ def test_import_is_cheap_and_the_api_is_at_the_top():
         assert name in out.stdout
 
 
-def test_train_is_the_api_function_even_after_the_command_module_is_imported(tmp_path):
-    import rlinf_jax.train as command  # what `python -m rlinf_jax.train` and tests import
-
-    assert rj.train is command and command.main is not None  # the package's attribute is the module ...
+def test_the_command_names_stay_the_api_functions():
+    # `python -m rlinf_jax.train` runs the command; the package's `train` is still the function, and the
+    # command modules refuse an import that would turn the package's attribute into a module.
+    for name in ("train", "evaluate", "convert", "plan"):
+        assert getattr(rj, name) is getattr(rj.api, name)
+        with pytest.raises(ImportError, match=f"python -m rlinf_jax.{name}.*rlinf_jax.cli.{name}"):
+            importlib.import_module(f"rlinf_jax.{name}")
+        assert getattr(rj, name) is getattr(rj.api, name)
+    proc = subprocess.run([sys.executable, "-m", "rlinf_jax.plan", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "python -m rlinf_jax.plan" in proc.stdout
     with pytest.raises(BadInput, match="overrides with a recipe name"):
-        rj.train(rj.load_config("ppo_brax", TINY), ["runner.max_steps=1"])  # ... and calling it is api.train
+        rj.train(rj.load_config("ppo_brax", TINY), ["runner.max_steps=1"])
 
 
 def test_load_config_takes_a_dict_of_overrides_and_refuses_a_string():

@@ -4,7 +4,7 @@ an import cycle, and imports sit at the top of their module.
 
 The floors, top to bottom (docs/architecture.md):
 
-    launch -> train / evaluate / convert / collect / profile / plan -> api -> tasks -> flow -> rollout
+    launch, train / evaluate / convert / plan (run only) -> cli / collect / profile -> api -> tasks -> flow -> rollout
       -> envs, policies, runtime -> config -> agents -> algos, data, rewards, sharding, replay, kernels
       -> errors, crash, accelerators
 """
@@ -37,19 +37,20 @@ FLOORS = {
     "flow": 6,
     "tasks": 7,
     "api": 8,
-    "train": 9,
-    "evaluate": 9,
-    "convert": 9,
+    "cli": 9,
+    "train": 10,  # only run (`python -m`): it runs cli.train
+    "evaluate": 10,  # only run (`python -m`): it runs cli.evaluate
+    "convert": 10,  # only run (`python -m`): it runs cli.convert
     "collect": 9,
     "profile": 9,
-    "plan": 9,
+    "plan": 10,  # only run (`python -m`): it runs cli.plan
     "launch": 10,
 }
 # Sub-packages of tasks are workloads: one may build on another (sft on embodied for the
 # VLA, reasoning on sft for its warm start), never in a circle.
 SIBLINGS_ALLOWED = {"tasks"}
 # Command-line entry points may defer their imports so that `--help` answers before JAX loads.
-DEFERRING_ENTRY_POINTS = {"api", "train", "evaluate", "convert", "collect", "profile", "launch", "plan"}
+DEFERRING_ENTRY_POINTS = {"api", "cli", "train", "evaluate", "convert", "collect", "profile", "launch", "plan"}
 # The task registry imports a task's run on its first call: checking a config, or running
 # a language model, must not pay for the simulators' imports (MuJoCo's MJX, Brax: seconds).
 DEFERRING_MODULES = {"rlinf_jax.tasks.registry"}

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rlinf_jax import convert as convert_cli
-from rlinf_jax import evaluate as evaluate_cli
+from rlinf_jax.cli import convert as convert_cli
+from rlinf_jax.cli import evaluate as evaluate_cli
 from rlinf_jax.config import load_config
 from rlinf_jax.data.datasets import load_prompt_dataset
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.convert.keys import Row, read_checkpoint
 from rlinf_jax.policies.lm.tiny import save_tiny
-from rlinf_jax.train import main as train_main
+from rlinf_jax.cli.train import main as train_main
 from tests.test_compat import LEGACY
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 from tests.conftest import run_cli
 
 
@@ -65,7 +65,7 @@ def test_list_recipes_and_envs(capsys):
 def test_evaluate_a_checkpoint(tmp_path, tiny, capsys):
     import json
 
-    from rlinf_jax.evaluate import main as evaluate_main
+    from rlinf_jax.cli.evaluate import main as evaluate_main
 
     assert main([*tiny, "runner.max_steps=2"]) == 0
     capsys.readouterr()
@@ -91,7 +91,7 @@ def test_evaluate_a_checkpoint(tmp_path, tiny, capsys):
 
 
 def test_evaluate_bad_path_is_one_error_line(tmp_path, capsys):
-    from rlinf_jax.evaluate import main as evaluate_main
+    from rlinf_jax.cli.evaluate import main as evaluate_main
 
     assert evaluate_main([str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
@@ -112,7 +112,7 @@ def test_what_only_reads_answers_before_jax_loads(tmp_path, module, argv, expect
     """A bad path, the recipes and the envs: answered in a fraction of the seconds JAX, Brax
     and MJX take to import."""
     argv = [a.format(empty=tmp_path) for a in argv]
-    code = (f"import sys; from rlinf_jax.{module} import main; code = main({argv!r}); "
+    code = (f"import sys; from rlinf_jax.cli.{module} import main; code = main({argv!r}); "
             "print('imported', [m for m in ('jax', 'brax', 'mujoco_playground') if m in sys.modules]); sys.exit(code)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "imported []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -121,7 +121,7 @@ def test_what_only_reads_answers_before_jax_loads(tmp_path, module, argv, expect
 
 
 def test_evaluate_takes_overrides_after_a_checkpoint():
-    from rlinf_jax.evaluate import _parse_args
+    from rlinf_jax.cli.evaluate import _parse_args
 
     args = _parse_args(["--checkpoint", "run", "data.eval_size=3", "--seed", "2", "rollout.eval_batch_size=8"])
     assert args.path is None and args.overrides == ["data.eval_size=3", "rollout.eval_batch_size=8"]

@@ -18,7 +18,7 @@ from rlinf_jax.runtime import Checkpointer, read_metrics
 from rlinf_jax.tasks.saved import evaluate_run as evaluate
 from rlinf_jax.tasks.reasoning.trainer import ReasoningTrainer
 from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_5fe10a3"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text())

@@ -348,7 +348,7 @@ def test_every_packaged_recipe_sets_only_keys_its_task_reads(name):
     ("ppo_pi0_tabletop", "actor.model.vla_n_bins=16", "of actor.model.kind=pi0"),
 ])
 def test_a_key_the_task_would_ignore_is_one_error_line(recipe, override, fragment, capsys):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     assert main(["--config-name", recipe, override]) == 2
     err = capsys.readouterr().err.strip()

@@ -23,7 +23,7 @@ from rlinf_jax.runtime import Checkpointer, read_metrics
 from rlinf_jax.runtime.run_lock import LOCK_FILE
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.registry import load_run_config
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 from tests.conftest import TINY, run_child
 from tests.test_sft import TINY_LM
 from tests.test_run_lock import HOLDER
@@ -330,7 +330,7 @@ def test_a_crash_exits_70_with_one_line_and_the_traceback_in_the_run_folder(tmp_
 def test_the_other_commands_exit_70_on_a_crash(tmp_path, capsys, monkeypatch):
     import rlinf_jax.api
     from rlinf_jax.collect import main as collect_main
-    from rlinf_jax.convert import main as convert_main
+    from rlinf_jax.cli.convert import main as convert_main
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
@@ -358,7 +358,7 @@ def test_a_folder_of_numbered_folders_that_are_not_checkpoints_is_one_line(tmp_p
 
 
 def test_evaluate_exits_70_on_a_crash_with_the_report_in_the_run_folder(tmp_path, capsys, monkeypatch):
-    from rlinf_jax.evaluate import main as evaluate_main
+    from rlinf_jax.cli.evaluate import main as evaluate_main
 
     run_dir = tmp_path / "r"
     (run_dir / "checkpoints" / "3").mkdir(parents=True)

@@ -220,7 +220,7 @@ def test_dynamic_scaling_resumes_exactly_and_logs_its_switches(tmp_path):
 
 @pytest.mark.devices(2)
 def test_dynamic_scaling_where_it_cannot_work_is_one_error_line(tmp_path, capsys):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     for argv, fragment in [
         ([*TINY, "cluster.component_placement=hybrid"], "already runs on all of them"),
@@ -323,7 +323,7 @@ def test_offloaded_optimizer_state_waits_in_host_memory_and_changes_nothing(tmp_
     ],
 )
 def test_bad_placements_at_the_cli_are_one_line_exit_2(tmp_path, capsys, override, fragment):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     assert main([*TINY, f"runner.output_dir={tmp_path}", override]) == 2
     err = capsys.readouterr().err.strip()

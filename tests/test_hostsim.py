@@ -527,7 +527,7 @@ def test_robosuite_lift_in_its_own_worker_environment():
 def test_ppo_robosuite_lift_runs_on_tiny_settings(tmp_path):
     from rlinf_jax.envs.install import recorded_python
     from rlinf_jax.runtime import read_metrics
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     try:
         recorded_python("robosuite")

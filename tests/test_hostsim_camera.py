@@ -73,7 +73,7 @@ def test_camera_images_travel_beside_the_state_vector():
 
 
 def test_bad_camera_settings_are_one_error_line(capsys):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     base = ["--config-name", "ppo_vla_robosuite_lift", "runner.progress_bar=false"]
     for override, words in (
@@ -96,9 +96,9 @@ def test_bad_camera_settings_are_one_error_line(capsys):
 def test_ppo_of_a_tiny_vla_on_the_camera_runs_end_to_end(tmp_path, capsys):
     import json
 
-    from rlinf_jax.evaluate import main as evaluate_main
+    from rlinf_jax.cli.evaluate import main as evaluate_main
     from rlinf_jax.runtime import read_metrics
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     _python()
     assert main(["--config-name", "ppo_vla_robosuite_lift", "env.num_envs=2", "env.num_workers=1",

@@ -34,7 +34,7 @@ def _installed() -> tuple[str, str]:
 
 
 def test_a_libero_task_without_assets_is_refused_in_one_line(capsys):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     base = ["--config-name", "ppo_vla_libero", "runner.progress_bar=false"]
     for override, words in (([], "env.assets_dir"), (["env.assets_dir=/no/such/folder"], "is not a folder")):
@@ -122,7 +122,7 @@ def test_libero_camera_images_and_missing_assets(tmp_path):
 @pytest.mark.slow
 def test_ppo_of_a_tiny_vla_on_a_libero_task_runs_end_to_end(tmp_path):
     from rlinf_jax.runtime import read_metrics
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     _, assets = _installed()
     assert main(["--config-name", "ppo_vla_libero", f"env.assets_dir={assets}", "env.num_envs=2",

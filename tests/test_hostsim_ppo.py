@@ -15,9 +15,9 @@ import pytest
 from rlinf_jax.config import load_config
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.host import HostPPO
-from rlinf_jax.evaluate import main as evaluate_main
+from rlinf_jax.cli.evaluate import main as evaluate_main
 from rlinf_jax.runtime import read_metrics
-from rlinf_jax.train import main as train_main
+from rlinf_jax.cli.train import main as train_main
 
 pytest.importorskip("gymnasium")
 

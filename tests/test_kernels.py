@@ -218,7 +218,7 @@ def test_mixed_precision_sft_learns_alike_on_both_backends(tmp_path):
     stay float32."""
     from rlinf_jax.runtime import read_metrics
     from rlinf_jax.tasks.sft.lm import SFTTrainer
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     mixed = ["actor.model.dtype=bfloat16", "actor.model.param_dtype=float32"]
     curves = {}
@@ -238,7 +238,7 @@ def test_mixed_precision_sft_learns_alike_on_both_backends(tmp_path):
 
 
 def test_bad_backend_settings_are_one_line_errors(tmp_path, capsys):
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     base = ["--config-name", "sft_math", *TINY_SFT, f"runner.output_dir={tmp_path}"]
     assert main([*base, "actor.model.matmul=cublas"]) == 2

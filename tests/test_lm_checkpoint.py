@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file
 
-from rlinf_jax import convert as convert_cli
+from rlinf_jax.cli import convert as convert_cli
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import from_pretrained, load_converted
 from rlinf_jax.policies.lm import LMConfig

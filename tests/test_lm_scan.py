@@ -28,7 +28,7 @@ from rlinf_jax.sharding.partition import rules_from_config
 from rlinf_jax.sharding.placement import component_mesh, resolve_placement
 from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 
 # float32 throughout. The two layouts run the same operations, but XLA fuses a loop body and
 # an unrolled program differently, and a scanned last layer runs every column (where the

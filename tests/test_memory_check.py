@@ -13,7 +13,7 @@ import pytest
 
 import rlinf_jax.flow.plan as plan_lib
 from rlinf_jax.runtime import list_steps
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 from tests.test_reasoning_flow import TINY
 
 RUN = ["--config-name", "grpo_math", *TINY, "sft.warm_start_steps=0", "runner.max_steps=1", "runner.eval_interval=0",

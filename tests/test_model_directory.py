@@ -19,7 +19,7 @@ from rlinf_jax.data import CharTokenizer, PromptTemplate, load_tokenizer
 from rlinf_jax.policies.lm import load_converted
 from rlinf_jax.policies.lm.tiny import save_tiny
 from rlinf_jax.tasks.sft.lm import SFTTrainer
-from rlinf_jax.train import main as train_main
+from rlinf_jax.cli.train import main as train_main
 
 torch.set_num_threads(1)
 

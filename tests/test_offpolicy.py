@@ -19,7 +19,7 @@ from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.setup import make_setup
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 from rlinf_jax.tasks.registry import load_run_config
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 
 # Small enough to compile in seconds; big enough for SAC to learn inverted_pendulum a little.
 TINY_SAC = [

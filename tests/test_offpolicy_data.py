@@ -18,7 +18,7 @@ from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.setup import make_setup
 from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 from rlinf_jax.tasks.registry import load_run_config
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 from tests.test_offpolicy import TINY_SAC
 
 QUIET = ["runner.progress_bar=false", "runner.tensorboard=false", "runner.compilation_cache=''"]

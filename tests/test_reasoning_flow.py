@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rlinf_jax.runtime import read_metrics
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 
 # A 2-layer, 64-wide model on single-digit sums: a 60-step warm start answers a few.
 TINY_LM = [
@@ -171,7 +171,7 @@ def test_unreadable_data_file_is_one_error_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_evaluate_cli_pass_at_k(tmp_path, warm, capsys):
-    from rlinf_jax.evaluate import main as evaluate
+    from rlinf_jax.cli.evaluate import main as evaluate
 
     data = tmp_path / "probe.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"

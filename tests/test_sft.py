@@ -92,7 +92,7 @@ def test_targets_are_boxed_answer_and_end_token():
 @pytest.mark.slow
 def test_sft_cli_learns_checkpoints_and_resumes_exactly(tmp_path):
     from rlinf_jax.runtime import Checkpointer
-    from rlinf_jax.train import main
+    from rlinf_jax.cli.train import main
 
     common = ["--config-name", "sft_math", "actor.global_batch_size=16", "actor.micro_batch_size=8",
               "actor.optim.warmup_steps=0", "actor.optim.lr=3e-3",

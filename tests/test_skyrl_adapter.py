@@ -114,7 +114,7 @@ def test_a_grpo_run_on_a_skyrl_environment(tmp_path):
     # No tool calls are parsed for a SkyRL environment: its own step decides what a turn does.
     assert last["rollout/agent/tool_calls"] == 0
     # The evaluation CLI builds the same environment for the checkpoint.
-    from rlinf_jax.evaluate import main as evaluate
+    from rlinf_jax.cli.evaluate import main as evaluate
 
     out = tmp_path / "eval.json"
     assert evaluate(["--checkpoint", str(tmp_path / "skyrl"), "--out", str(out), "--no-progress"]) == 0

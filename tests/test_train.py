@@ -18,7 +18,7 @@ from rlinf_jax.flow.host_loop import TrainingDiverged
 from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.runtime import Checkpointer, read_metrics
-from rlinf_jax.train import main
+from rlinf_jax.cli.train import main
 from tests.conftest import TINY, run_cli
 
 

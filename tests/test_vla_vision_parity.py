@@ -151,7 +151,7 @@ def test_convert_cli_handles_vision_towers(pair, tmp_path, capsys):
     # The CLI goes through the registry: a vision tower converts like a language model.
     import json as _json
 
-    from rlinf_jax import convert as convert_cli
+    from rlinf_jax.cli import convert as convert_cli
 
     kind, image, hf, path = pair
     if image != 28:
@@ -175,7 +175,7 @@ def test_convert_cli_handles_vision_towers(pair, tmp_path, capsys):
 
 
 def test_convert_cli_names_an_unsupported_model_type(tmp_path, capsys):
-    from rlinf_jax import convert as convert_cli
+    from rlinf_jax.cli import convert as convert_cli
 
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
