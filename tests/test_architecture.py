@@ -22,6 +22,7 @@ FLOORS = {
     "errors": 0,
     "crash": 0,
     "accelerators": 0,
+    "array_types": 0,
     "algos": 1,
     "replay": 1,
     "kernels": 1,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import rlinf_jax as rj
+from rlinf_jax import array_types
 from rlinf_jax.config import load_config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.replay import TransitionBatch, write_transitions
@@ -136,6 +137,8 @@ def _each_seed_equals_alone(recipe, build, overrides, rtol):
     alone = build(load_run_config(recipe, [*overrides, "runner.seed=3"]))
     state3, metrics3, evaluation3 = _chunk(alone, 3)
     assert int(state.step[1]) == int(state3.step) == 3
+    array_types.check(state)  # the annotated axes, with the seed axis in front
+    array_types.check(state3)
     for a, b in zip(_leaves(jax.tree.map(lambda x: x[1], state)), _leaves(state3)):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol)
     for key, value in {**metrics3, **evaluation3}.items():

@@ -23,13 +23,15 @@ from typing import Any, Protocol
 import jax
 from flax import struct
 
+from rlinf_jax.array_types import Array, Float, Observation
+
 
 @struct.dataclass
 class EnvState:
-    obs: jax.Array
-    reward: jax.Array
-    done: jax.Array
-    truncated: jax.Array
+    obs: Observation  # [*batch, obs]: [envs, obs] (seeds side by side: [seeds, envs, obs])
+    reward: Float[Array, "*batch"]
+    done: Float[Array, "*batch"]  # 1.0 where the episode ended at this step
+    truncated: Float[Array, "*batch"]  # 1.0 where it ended by the time limit
     # Wrapper bookkeeping (step counters, episode statistics, final_obs, ...). Keys are
     # fixed at reset so the pytree structure never changes across steps.
     info: dict[str, Any]

@@ -20,12 +20,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlinf_jax.array_types import Array, Float
+
 
 @struct.dataclass
 class RunningStats:
-    count: jax.Array  # [] rows seen
-    mean: jax.Array  # [size]
-    m2: jax.Array  # [size] sum of squared deviations from the mean
+    count: Float[Array, "*runs"]  # rows seen
+    mean: Float[Array, "*runs size"]
+    m2: Float[Array, "*runs size"]  # sum of squared deviations from the mean
 
 
 def init_stats(size: int) -> RunningStats:

@@ -10,13 +10,12 @@ state and is saved with the checkpoint.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flashbax as fbx
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlinf_jax.array_types import Array, Float
 from rlinf_jax.errors import BadInput
 
 
@@ -29,11 +28,12 @@ class TransitionBatch:
     where it went on or was cut by a time limit.
     """
 
-    obs: Any
-    action: jax.Array  # the env action, in [-1, 1]
-    reward: jax.Array
-    next_obs: Any
-    terminated: jax.Array
+    # *rows: [n] for a sampled batch, [envs, time] in the buffer's rings (seeds: [seeds, ...]).
+    obs: Float[Array, "*rows obs"] | dict[str, Array]
+    action: Float[Array, "*rows act"]  # the env action, in [-1, 1]
+    reward: Float[Array, "*rows"]
+    next_obs: Float[Array, "*rows obs"] | dict[str, Array]
+    terminated: Float[Array, "*rows"]
 
     @property
     def size(self) -> int:

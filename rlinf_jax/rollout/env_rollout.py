@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlinf_jax.array_types import Array, Float, Shaped
 from rlinf_jax.envs.base import Env, EnvState
 
 
@@ -21,21 +22,24 @@ from rlinf_jax.envs.base import Env, EnvState
 class Transition:
     """One step of a batched rollout; stacked by the scan into ``[T, B, ...]``."""
 
-    obs: jax.Array  # observation the action was taken from (raw, unnormalised)
-    raw_action: jax.Array  # pre-squash sample; the log-prob is defined on it
-    logprob: jax.Array
-    reward: jax.Array
-    done: jax.Array
-    truncated: jax.Array
+    # *steps: [envs] for one step, [time, envs] once the scan stacks them (seeds: [seeds, ...]).
+    obs: Float[Array, "*steps obs"] | dict[str, Array]  # observation acted on (raw, unnormalised)
+    # The pre-squash sample the log-prob is defined on: [*steps, act] for a Gaussian policy;
+    # a VLA's action tokens or a flow policy's stored chain carry their own axes.
+    raw_action: Shaped[Array, "..."] | dict[str, Array]
+    logprob: Float[Array, "*steps"]
+    reward: Float[Array, "*steps"]
+    done: Float[Array, "*steps"]
+    truncated: Float[Array, "*steps"]
     # Observation an episode ended on (== next obs unless done); bootstraps truncations.
-    final_obs: jax.Array
+    final_obs: Float[Array, "*steps obs"] | dict[str, Array]
     # Finished-episode statistics, valid where done.
-    episode_return: jax.Array
-    episode_length: jax.Array
+    episode_return: Float[Array, "*steps"]
+    episode_length: Shaped[Array, "*steps"]  # int32 from the episode wrapper, float32 where it is absent
     # 1 where a finished episode reached the env's success condition (0 for envs without one).
-    episode_success: jax.Array
+    episode_success: Float[Array, "*steps"]
     # V(obs) from the acting pass, for policies that yield it (None: the learner computes it).
-    value: jax.Array | None = None
+    value: Float[Array, "*steps"] | None = None
 
 
 def env_keys(step_key: jax.Array, num_envs: int, first_env: int = 0) -> jax.Array:

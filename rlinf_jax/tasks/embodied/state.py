@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from rlinf_jax.array_types import Count, Key
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.base import Env, EnvState
 
@@ -18,10 +19,10 @@ class TrainState:
     opt_state: Any
     obs_stats: normalization.RunningStats
     env_state: EnvState
-    key: jax.Array  # legacy uint32[2] key: a plain array, so checkpoints need no key codec
-    step: jax.Array
+    key: Key
+    step: Count
     # Consecutive iterations in which some update was skipped for a non-finite loss/grad.
-    bad_iterations: jax.Array
+    bad_iterations: Count
 
 
 def stats_size(env: Env, normalizable: bool) -> int:

@@ -35,6 +35,7 @@ import optax
 from flax import nnx, struct
 
 from rlinf_jax.algos import offpolicy as op
+from rlinf_jax.array_types import Array, Count, Float, Key
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.base import Env
 from rlinf_jax.flow.optim import finite, guarded_update, select
@@ -106,7 +107,7 @@ class OffPolicyState:
     critic_stats: Any  # batch renormalisation's running statistics (an empty State otherwise)
     target_critic: Any  # Polyak-averaged critic parameters (an empty State for crossq)
     value: Any  # iql's V (an empty State otherwise)
-    log_alpha: jax.Array
+    log_alpha: Float[Array, "*runs"]
     actor_opt: Any
     critic_opt: Any
     alpha_opt: Any
@@ -114,11 +115,11 @@ class OffPolicyState:
     obs_stats: normalization.RunningStats
     env_state: Any
     replay: Any
-    key: jax.Array
-    step: jax.Array  # iterations done
-    env_steps: jax.Array  # batched env steps done (decides the random warm-up)
-    grad_steps: jax.Array  # gradient steps done (the policy delay counts them)
-    bad_iterations: jax.Array
+    key: Key
+    step: Count  # iterations done
+    env_steps: Count  # batched env steps done (decides the random warm-up)
+    grad_steps: Count  # gradient steps done (the policy delay counts them)
+    bad_iterations: Count
     # The actor parameters and observation statistics the rollout acts with in the next
     # iteration: the newest ones, except with flow.max_staleness=1 in a staged layout,
     # where the rollout runs one iteration behind the learner (see `staged`).

@@ -31,6 +31,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rlinf_jax.array_types import Count
 from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, aggregate, get_advantage, get_policy_loss, kl_penalty, value_loss
 from rlinf_jax.algos import advantages as adv_lib
 from rlinf_jax.config.schema import Config
@@ -45,8 +46,8 @@ from rlinf_jax.tasks.sft.lm_setup import policy_weights, trainable_value_and_gra
 class RLState:
     params: Any  # {"policy": nnx.State} (+ "lora", + "value": the value model for gae)
     opt_state: Any
-    step: jax.Array
-    bad_iterations: jax.Array
+    step: Count
+    bad_iterations: Count
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from rlinf_jax.array_types import Count
 from rlinf_jax.config.schema import Config
 from rlinf_jax.data import PromptLoader, boxed_response
 from rlinf_jax.errors import BadInput
@@ -53,9 +54,9 @@ COMPONENTS = ("actor",)
 class LMTrainState:
     params: Any  # {"policy": nnx.State} (+ "lora": adapters, the policy then frozen)
     opt_state: Any
-    step: jax.Array
+    step: Count
     # Consecutive steps skipped for a non-finite loss or gradient.
-    bad_iterations: jax.Array
+    bad_iterations: Count
 
 
 @dataclass(frozen=True)
