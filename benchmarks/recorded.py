@@ -2,10 +2,12 @@
 benchmark runs on its result: one ``warning:`` line per figure more than ``TOLERANCE``
 worse than recorded, naming the commit it was recorded at.
 
-An entry names the CPU it was measured on (``cpu``: vendor, model and the features the
-figures depend on: AVX-512, its bfloat16 instructions, AMX tiles). On another CPU the
-figures are not compared, and one ``note:`` line says so instead: a figure measured with
-AMX's bfloat16 products says nothing about a CPU without them."""
+A benchmark has one entry per kind of CPU it was recorded on. An entry names the CPU
+(``cpu``: vendor, model and the features the figures depend on: AVX-512, its bfloat16
+instructions, AMX tiles); a result is compared with the entry of its own kind of CPU only.
+Without one, a ``note:`` line says so instead: a figure measured with AMX's bfloat16
+products says nothing about a CPU without them. `check_recorded.py` reruns every entry of
+this machine's kind."""
 
 from __future__ import annotations
 
@@ -46,26 +48,38 @@ def same_kind(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
-def recorded(name: str) -> dict:
+def book() -> dict[str, list[dict]]:
+    """Every benchmark's entries, one per kind of CPU."""
     with open(PATH) as f:
-        return json.load(f).get(name, {})
+        return {name: entries for name, entries in json.load(f).items() if not name.startswith("_")}
+
+
+def recorded(name: str) -> list[dict]:
+    return book().get(name, [])
+
+
+def entry_for(name: str, here: str | None = None) -> dict | None:
+    """``name``'s entry for this kind of CPU (``here``: a :func:`cpu` line), or None."""
+    here = cpu() if here is None else here
+    return next((e for e in recorded(name) if same_kind(e.get("cpu", ""), here)), None)
 
 
 def regressions(name: str, result: dict, tolerance: float = TOLERANCE) -> list[str]:
     """The lines saying which of ``result``'s figures fall more than ``tolerance`` short
     of the recorded ones (figures the result lacks are skipped, and every figure when the
     result's settings differ from the recorded run's)."""
-    entry = recorded(name)
+    here = cpu()
+    entry = entry_for(name, here)
+    if entry is None:
+        kinds = "; ".join(e.get("cpu", "?") for e in recorded(name)) or "no CPU"
+        return [
+            f"note: {name}: figures are recorded for {kinds}; this machine is {here}, so they are not "
+            "compared (record this kind's in benchmarks/recorded.json)"
+        ]
     # Figures of other settings (a smaller batch, another env) are not comparable.
     settings = {**result.get("settings", {}), **result}  # settings may sit at the top or under "settings"
     if any(settings.get(k) != v for k, v in entry.get("settings", {}).items()):
         return []
-    here = cpu()
-    if entry.get("cpu") and not same_kind(entry["cpu"], here):
-        return [
-            f"note: {name}: the recorded figures (commit {entry.get('commit', '?')}) were measured on "
-            f"{entry['cpu']}; this machine is {here}, so they are not compared"
-        ]
     lines = []
     for direction, sign in (("higher", 1.0), ("lower", -1.0)):
         for key, ref in entry.get(direction, {}).items():
@@ -86,3 +100,43 @@ def warn_regressions(name: str, result: dict) -> None:
     """Prints :func:`regressions` to stderr (stdout's last line stays the JSON result)."""
     for line in regressions(name, result):
         print(line, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ the README's table
+
+TABLE_START, TABLE_END = "<!-- recorded-table: python benchmarks/recorded.py --write-table -->", "<!-- /recorded-table -->"
+
+
+def table(entries: dict[str, list[dict]] | None = None) -> str:
+    """Every recorded figure as one markdown table: what benchmarks/README.md shows."""
+    entries = book() if entries is None else entries
+    rows = ["| benchmark | CPU | figure | recorded | commit | command |", "|---|---|---|---|---|---|"]
+    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a pipe would end the cell)
+    for name, kinds in entries.items():
+        for entry in kinds:
+            for direction, word in (("higher", "higher is better"), ("lower", "lower is better")):
+                for key, value in entry.get(direction, {}).items():
+                    rows.append(f"| `{name}` | `{cell(entry.get('cpu', '?'))}` | {key} ({word}) | {value:g} | "
+                                f"{entry.get('commit', '?')} | `{cell(entry.get('command', ''))}` |")
+    return "\n".join(rows)
+
+
+def with_table(readme: str, entries: dict[str, list[dict]] | None = None) -> str:
+    """``readme`` with the text between its table markers replaced by :func:`table`."""
+    head, start, rest = readme.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise SystemExit(f"error: benchmarks/README.md lacks the markers {TABLE_START} ... {TABLE_END}")
+    return f"{head}{start}\n{table(entries)}\n{end}{tail}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-table"]:
+        print("usage: python benchmarks/recorded.py --write-table  (rewrites benchmarks/README.md's table of "
+              "recorded figures from recorded.json)", file=sys.stderr)
+        sys.exit(2)
+    readme = os.path.join(os.path.dirname(PATH), "README.md")
+    with open(readme) as f:
+        text = f.read()
+    with open(readme, "w") as f:
+        f.write(with_table(text))
