@@ -103,9 +103,11 @@ def _chunk(trainer, iterations: int):
     # Batch renormalisation's running statistics and the policy delay, per run.
     ("crossq_brax", build_offpolicy, [*TINY_SAC, "algorithm.learning_starts=64", "algorithm.rollout_length=8",
                                       "algorithm.utd_ratio=4", "algorithm.batch_size=64"], 2e-3),
-    # MJX's physics under the seed axis.
+    # MJX's physics under the seed axis. The state holds to 1e-5; the logged pre-clip gradient
+    # norm (about 330, clipped to 1) sums reassociated squares and lands 6e-4 apart on an
+    # AVX2-only CPU, so the metrics are compared at 1e-3.
     ("ppo_brax", build_ppo, [*TINY, "cluster.component_placement=collocated", "env.suite=playground",
-                             "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"], 1e-5),
+                             "env.name=CartpoleBalance", "env.backend=jax", "env.episode_length=50"], (1e-5, 1e-3)),
 ], ids=["ppo", "sac", "crossq", "ppo-playground"])
 def test_each_seed_equals_the_same_seed_trained_alone(recipe, build, overrides, rtol):
     _each_seed_equals_alone(recipe, build, overrides, rtol)
@@ -131,6 +133,7 @@ def test_each_seed_equals_alone_when_learning_from_a_dataset(recipe, tmp_path):
 
 
 def _each_seed_equals_alone(recipe, build, overrides, rtol):
+    rtol, metric_rtol = rtol if isinstance(rtol, tuple) else (rtol, rtol)  # the state's, the metrics' (one or two)
     batch = build(load_run_config(recipe, [*overrides, "runner.seeds=[0,3]"]))
     assert isinstance(batch, SeedBatch) and batch.num_runs == 2
     state, metrics, evaluation = _chunk(batch, 3)
@@ -142,7 +145,8 @@ def _each_seed_equals_alone(recipe, build, overrides, rtol):
     for a, b in zip(_leaves(jax.tree.map(lambda x: x[1], state)), _leaves(state3)):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol)
     for key, value in {**metrics3, **evaluation3}.items():
-        np.testing.assert_allclose(({**metrics, **evaluation})[key + "@seed3"], value, rtol=rtol, atol=rtol, err_msg=key)
+        np.testing.assert_allclose(({**metrics, **evaluation})[key + "@seed3"], value, rtol=metric_rtol,
+                                   atol=metric_rtol, err_msg=key)
     # The two runs differ (their own initial parameters, resets and keys), and the mean is theirs.
     assert not np.allclose(np.asarray(jax.tree.leaves(state)[0][0]), np.asarray(jax.tree.leaves(state)[0][1]))
     assert evaluation["eval/return"] == pytest.approx(
