@@ -1,18 +1,9 @@
 """`python -m rlinf_jax.evaluate`: the command. Its code is `rlinf_jax.cli.evaluate`; from Python,
 ``rlinf_jax.evaluate(...)`` is the function `rlinf_jax.api.evaluate`.
 
-Only run, never imported: importing a submodule makes Python set it as the package's
-attribute, which would turn ``rlinf_jax.evaluate`` from the function into this module.
+Only run, never imported (see `rlinf_jax.cli.run_command`).
 """
 
-if __name__ != "__main__":
-    raise ImportError(
-        "rlinf_jax.evaluate is the command `python -m rlinf_jax.evaluate`, not a module to import: call "
-        "rlinf_jax.evaluate(...) (the function), or import rlinf_jax.cli.evaluate for its main()"
-    )
+from rlinf_jax.cli import run_command
 
-import sys
-
-from rlinf_jax.cli.evaluate import main
-
-sys.exit(main())
+run_command(__name__)
