@@ -58,10 +58,15 @@ def recorded(name: str) -> list[dict]:
     return book().get(name, [])
 
 
-def entry_for(name: str, here: str | None = None) -> dict | None:
-    """``name``'s entry for this kind of CPU (``here``: a :func:`cpu` line), or None."""
+def entry_for(name: str, here: str | None = None, result: dict | None = None) -> dict | None:
+    """``name``'s entry for this kind of CPU (``here``: a :func:`cpu` line), or None; with
+    ``result``, the first whose settings it has (a kind may hold entries of several settings)."""
     here = cpu() if here is None else here
-    return next((e for e in recorded(name) if same_kind(e.get("cpu", ""), here)), None)
+    mine = [e for e in recorded(name) if same_kind(e.get("cpu", ""), here)]
+    if result is not None:
+        settings = {**result.get("settings", {}), **result}  # settings may sit at the top or under "settings"
+        mine = [e for e in mine if all(settings.get(k) == v for k, v in e.get("settings", {}).items())] or mine
+    return mine[0] if mine else None
 
 
 def regressions(name: str, result: dict, tolerance: float = TOLERANCE) -> list[str]:
@@ -69,7 +74,7 @@ def regressions(name: str, result: dict, tolerance: float = TOLERANCE) -> list[s
     of the recorded ones (figures the result lacks are skipped, and every figure when the
     result's settings differ from the recorded run's)."""
     here = cpu()
-    entry = entry_for(name, here)
+    entry = entry_for(name, here, result)
     if entry is None:
         kinds = "; ".join(e.get("cpu", "?") for e in recorded(name)) or "no CPU"
         return [

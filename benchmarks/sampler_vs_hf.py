@@ -4,9 +4,14 @@
 Both sides run the same tiny random Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads,
 intermediate 512, vocabulary 2048, tied embeddings: ~2.9M parameters) on the same 32
 left-padded prompts (lengths 8-24), generating 64 new tokens each with plain temperature-1
-sampling (no top-k, no top-p, no stop token), on ONE CPU thread each:
-``torch.set_num_threads(1)`` and, set before JAX is imported,
-``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``.
+sampling (no top-k, no top-p, no stop token), on ONE CPU core for both: the process is
+pinned to one core before torch or JAX start a thread (``--cpu N``, default the first core
+it may use), with ``torch.set_num_threads(1)`` and, set before JAX is imported,
+``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``. The flags
+alone do not make XLA single-threaded (its CPU runtime still runs independent ops on a
+pool), so without the pinning (``--no-pin``) our side would use a second core that torch
+does not; the JSON records which (``pinned``). HF runs as ``generate`` does by default:
+eager, with its dynamic KV cache and sdpa attention (``peer`` in the JSON).
 
 Each side is warmed up once (our compile; torch's first-call costs), then the two are
 timed in turns over ``--repeats`` rounds (so load from other processes hits both alike);
@@ -17,12 +22,21 @@ that both run the same model.
 The last line of stdout is one JSON object: each side's tokens/s, the settings, and
 ``ratio`` = ours / HF (higher is better for us).
 
-    python benchmarks/sampler_vs_hf.py [--batch 32] [--new-tokens 64] [--repeats 5]
+    python benchmarks/sampler_vs_hf.py [--batch 32] [--new-tokens 64] [--repeats 5] [--cpu N | --no-pin]
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pinning import pin_to_one_cpu  # noqa: E402  (no heavy imports: safe before the pinning)
+
+CPU = None  # the core both sides run on (None: not pinned)
+if __name__ == "__main__" and "--no-pin" not in sys.argv[1:]:
+    # Before torch and JAX start their thread pools: threads inherit the affinity.
+    CPU = pin_to_one_cpu(sys.argv[1:])
 
 # Must precede the first `import jax` anywhere in the process.
 os.environ["XLA_FLAGS"] = (
@@ -32,12 +46,12 @@ os.environ["XLA_FLAGS"] = (
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
+import transformers
 
 torch.set_num_threads(1)
 torch.set_num_interop_threads(1)
@@ -48,7 +62,6 @@ from rlinf_jax.policies.lm import from_pretrained
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
@@ -94,6 +107,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cpu", type=int, help="the core both sides run on (default: the first this process may use)")
+    parser.add_argument("--no-pin", action="store_true", help="leave the process unpinned (unequal: XLA's pool "
+                        "takes a second core)")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
 
@@ -143,6 +159,12 @@ def main(argv=None) -> None:
         "batch": args.batch,
         "new_tokens": args.new_tokens,
         "threads": 1,
+        "pinned": CPU is not None,
+        "pinning": f"both sides in one process on core {CPU}" if CPU is not None else "none",
+        "peer": {"library": f"transformers {transformers.__version__}, torch {torch.__version__}",
+                 "generate": "eager, its default dynamic KV cache, sdpa attention, torch.no_grad",
+                 "torch_threads": torch.get_num_threads()},
+        "precision": "float32",
         "greedy_match": greedy_match,
         "hf_tokens_per_s": round(hf_tps, 1),
         "ours_tokens_per_s": round(ours_tps, 1),
