@@ -51,8 +51,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: no recorded benchmark {', '.join(unknown)}; recorded: {', '.join(names)}", file=sys.stderr)
         return 2
-    todo = [(n, recorded.entry_for(n, here)) for n in (args.only or names)]
-    todo = [(n, e) for n, e in todo if e is not None]
+    todo = [(n, e) for n in (args.only or names) for e in recorded.recorded(n) if recorded.same_kind(e.get("cpu", ""), here)]
     if not todo:
         print(f"error: nothing is recorded for this kind of CPU ({here}); record its figures in "
               "benchmarks/recorded.json first", file=sys.stderr)

@@ -115,13 +115,14 @@ TABLE_START, TABLE_END = "<!-- recorded-table: python benchmarks/recorded.py --w
 def table(entries: dict[str, list[dict]] | None = None) -> str:
     """Every recorded figure as one markdown table: what benchmarks/README.md shows."""
     entries = book() if entries is None else entries
-    rows = ["| benchmark | CPU | figure | recorded | commit | command |", "|---|---|---|---|---|---|"]
+    rows = ["| benchmark | CPU | settings | figure | recorded | commit | command |", "|---|---|---|---|---|---|---|"]
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a pipe would end the cell)
     for name, kinds in entries.items():
         for entry in kinds:
             for direction, word in (("higher", "higher is better"), ("lower", "lower is better")):
                 for key, value in entry.get(direction, {}).items():
-                    rows.append(f"| `{name}` | `{cell(entry.get('cpu', '?'))}` | {key} ({word}) | {value:g} | "
+                    settings = ", ".join(f"{k}={v}" for k, v in entry.get("settings", {}).items())
+                    rows.append(f"| `{name}` | `{cell(entry.get('cpu', '?'))}` | {cell(settings)} | {key} ({word}) | {value:g} | "
                                 f"{entry.get('commit', '?')} | `{cell(entry.get('command', ''))}` |")
     return "\n".join(rows)
 
