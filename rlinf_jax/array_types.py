@@ -6,10 +6,13 @@ convention:
 
 - ``*runs``: the leading axes of a run's own state: none for one run, ``[seeds]`` when
   `runner.seeds` trains several side by side (`flow.seeds.SeedBatch` stacks every leaf).
-- ``*batch``: the leading axes of per-env data: ``[envs]`` for one step, ``[time, envs]``
-  once a scan stacks the steps, with the seed axis in front for seeds side by side.
-- ``n``: the rows of a sampled batch of transitions; ``obs`` / ``act``: the observation
-  and action sizes of a flat (state-based) env.
+- ``*batch``: an env state's leading axes, ``[envs]`` (``[seeds, envs]`` side by side).
+- ``*steps``: a `Transition`'s: ``[envs]`` for one step, ``[time, envs]`` once a scan
+  stacks the steps.
+- ``*rows``: a `TransitionBatch`'s: ``[n]`` sampled, ``[envs, time]`` in the replay ring.
+- ``obs`` / ``act``: the observation and action sizes of a flat (state-based) env.
+
+The seed axis, where there is one, leads each of them.
 
 The annotations are not checked as the objects are built: JAX rebuilds these dataclasses
 with other leaves (shardings, vmap axes, abstract values), which must stay possible.
@@ -59,7 +62,9 @@ def _check(obj, path: str) -> None:
                 shape = getattr(value, "shape", None)
                 dtype = getattr(value, "dtype", type(value).__name__)
                 found = f"{dtype}{list(shape) if shape is not None else ''}"
-                raise ShapeMismatch(f"{where}: {found} is not {_described(hint)}, or its axes disagree with the fields before it")
+                raise ShapeMismatch(
+                    f"{where}: {found} is not {_described(hint)}, or its axes disagree with the fields before it"
+                )
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             _check(value, where)
 
