@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     from rlinf_jax.replay import TransitionBatch
     from rlinf_jax.tasks.offpolicy import learner as lib
-    from rlinf_jax.tasks.offpolicy import trainer
+    from rlinf_jax.tasks.offpolicy import algorithm as off_policy
     from rlinf_jax.tasks.offpolicy.setup import make_setup
     from rlinf_jax.tasks.registry import load_run_config
 
@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     obs_size, act_size = setup.env.observation_size, setup.env.action_size
     key = jax.random.PRNGKey(0)
     env_state = jax.jit(setup.env.reset)(key)
-    state = trainer.initial_state(cfg, setup, learner, key, env_state,
-                                  trainer.empty_replay(learner, setup, env_state.obs, act_size))
+    state = off_policy.initial_state(cfg, setup, learner, key, env_state,
+                                     off_policy.empty_replay(learner, setup, env_state.obs, act_size))
     rng = np.random.default_rng(0)
     batches = TransitionBatch(
         obs=jnp.asarray(rng.normal(size=(n, b, obs_size)), jnp.float32),

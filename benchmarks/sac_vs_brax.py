@@ -230,7 +230,7 @@ def run_ours(args, clock) -> dict:
     compile_info = clock.stop()
     # Counted after the clock stops (tracing again must not add to compile_s), on one
     # iteration past the warm-up: a cond's costliest branch, the one with the gradient steps.
-    one = (ts, trainer.demos, jax.numpy.int32(1))
+    one = (ts, trainer.algorithm.demos, jax.numpy.int32(1))
     per_step = flops_per_env_step(trainer.run_chunk, one, trainer.env_steps_per_iteration)
     flops = {"flops_per_env_step": round(per_step, 1)}
     out = _summary("ours", evals, epochs, compile_info, args.threshold, total, flops)

@@ -163,8 +163,9 @@ def ours_side(algo: str, n: int, extra: list[str], peak_gflops: float | None) ->
     wall = time.perf_counter() - t0
     steady = (len(epochs) - 1) * per_epoch * n / sum(epochs[1:]) if len(epochs) > 1 else None
     # One iteration of every run, counted after the timing (tracing again costs no run time).
-    chunk = jax.jit(jax.vmap(trainer.member.chunk_fn, in_axes=(0,) + (None,) * (len(trainer.member.chunk_args) + 1)))
-    flops = flops_per_env_step(chunk, (state, *trainer.member.chunk_args, jnp.int32(1)),
+    algorithm = trainer.algorithm
+    chunk = jax.jit(jax.vmap(algorithm.chunk, in_axes=(0,) + (None,) * (len(algorithm.chunk_args) + 1)))
+    flops = flops_per_env_step(chunk, (state, *algorithm.chunk_args, jnp.int32(1)),
                                n * trainer.env_steps_per_iteration)
     peak = roofline.peak_flops_per_s(peak_gflops)
     runs = []

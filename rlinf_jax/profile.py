@@ -280,7 +280,8 @@ def ppo_stages(overrides, peaks, repeats, recipe: str = "ppo_brax", prefix: str 
 
     trainer = build_trainer(load_config(recipe, ["runner.progress_bar=false", *overrides]))
     ts = trainer.init()
-    learner, env, T = trainer.learner, trainer.env, trainer.learner.settings.rollout_length
+    algorithm = trainer.algorithm
+    learner, env, T = algorithm.learner, algorithm.env, algorithm.learner.settings.rollout_length
     key = jax.random.PRNGKey(1)
 
     def rollout(ts, key):
@@ -302,12 +303,13 @@ def sac_stages(overrides, peaks, repeats) -> list[dict]:
 
     trainer = build_trainer(load_config("sac_brax", ["runner.progress_bar=false", *overrides]))
     ts = trainer.init()
+    algorithm = trainer.algorithm
     # Past the random warm-up, so the timed iteration takes its gradient steps.
-    warm = trainer.cfg.algorithm.learning_starts // (trainer.env.num_envs * trainer.cfg.algorithm.rollout_length) + 1
-    ts, _ = trainer.run_chunk(ts, trainer.demos, jnp.int32(warm))
+    warm = algorithm.cfg.algorithm.learning_starts // (algorithm.env.num_envs * algorithm.cfg.algorithm.rollout_length) + 1
+    ts, _ = trainer.run_chunk(ts, algorithm.demos, jnp.int32(warm))
 
     def iteration(ts):
-        return trainer.run_chunk.__wrapped__(ts, trainer.demos, 1)
+        return algorithm.chunk(ts, algorithm.demos, 1)
 
     return [stage("sac/iteration", iteration, (ts,), peaks, repeats)[0]]
 

@@ -69,8 +69,9 @@ def test_ppo_and_sac_states_match_their_annotations(seeds):
     check(state)
     assert state.step.shape == (() if seeds is None else (2,))
     if seeds is None:  # the rollout's transitions and the env state bind "obs" alike
-        steps = _transitions(ppo.env, state.env_state)
-        assert steps.reward.shape == (3, ppo.env.num_envs)
+        env = ppo.algorithm.env
+        steps = _transitions(env, state.env_state)
+        assert steps.reward.shape == (3, env.num_envs)
         check(state, steps)
     cfg = load_run_config("sac_brax", [*TINY_SAC, *more])
     state = build_offpolicy(cfg).init()

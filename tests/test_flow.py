@@ -13,7 +13,10 @@ import pytest
 
 from rlinf_jax.config import load_config
 from rlinf_jax.flow.channel import Channel, ChannelEmpty, ChannelFull, TooStale
-from rlinf_jax.flow.trainer import EnvTrainer, FusedTrainer
+from rlinf_jax.flow.algorithm import Algorithm
+from rlinf_jax.flow.fused import Fused
+from rlinf_jax.flow.seeds import SeedBatch
+from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement, candidates, profile
 from rlinf_jax.tasks.embodied.build import build_trainer
@@ -21,10 +24,10 @@ from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.staged import StagedPPO
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+from rlinf_jax.tasks.embodied.algorithm import PPO
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY
 
@@ -34,25 +37,35 @@ def test_a_trainer_lacking_a_required_part_says_which_instead_of_returning_none(
     class Half(EnvTrainer):
         env_steps_per_iteration = 8
 
-    class HalfFused(FusedTrainer):
+    class HalfAlgorithm(Algorithm):
         env_steps_per_iteration = 8
 
-    half, fused = Half(), HalfFused()
+        def __init__(self):
+            self.mesh = None
+            self.freeze()
+
+    half, fused = Half(), Fused(HalfAlgorithm())
     for call, what in ((half.init, "Half does not define init"),
                        (lambda: half.run_eval(None, None), "Half does not define run_eval"),
                        (lambda: half.summarize({}, 1), "Half does not define summarize"),
                        (lambda: half.strip(None, None, 1), "Half does not define strip"),
-                       # The fused layout's machinery names the algorithm's part it lacks.
-                       (fused.init, "HalfFused does not define fresh_state"),
-                       (lambda: fused.start(None), "HalfFused does not define complete"),
-                       (lambda: fused.eval_fn(None, None), "HalfFused does not define eval_args")):
+                       # The fused runner names the algorithm's part it lacks.
+                       (fused.init, "HalfAlgorithm does not define fresh_state"),
+                       (lambda: fused.start(None), "HalfAlgorithm does not define complete"),
+                       (lambda: fused.compile_eval(None, None), "HalfAlgorithm does not define eval_args"),
+                       (lambda: fused.summarize({}, 1), "HalfAlgorithm does not define summarize")):
         with pytest.raises(NotImplementedError, match=what):
             call()
     # The optional parts have their defaults: a cold start, no camera, nothing measured by the layout.
     assert (half.warm_start_metrics, half.image_observations, half.flow_stats(), half.placement) == (None, False, {}, None)
-    # Every env-stepping runner is written against the contract the loop reads.
-    assert all(issubclass(c, FusedTrainer) for c in (PPOTrainer, OffPolicyTrainer))
-    assert all(issubclass(c, EnvTrainer) for c in (StagedPPO, HostPPO, StagedOffPolicy, HostOffPolicy))
+    assert (fused.warm_start_metrics, fused.image_observations, fused.env_steps_per_iteration) == (None, False, 8)
+    # An algorithm is frozen once built: nothing patches it after a runner traced its functions.
+    with pytest.raises(AttributeError, match="HalfAlgorithm is frozen once built; cannot set mesh"):
+        fused.algorithm.mesh = "elsewhere"
+    # Every env-stepping runner is written against the contract the loop reads, and the
+    # algorithms against theirs.
+    assert all(issubclass(c, EnvTrainer) for c in (Fused, SeedBatch, StagedPPO, HostPPO, StagedOffPolicy, HostOffPolicy))
+    assert all(issubclass(c, Algorithm) for c in (PPO, OffPolicy))
 
 
 # ------------------------------------------------------------------ channel
@@ -97,7 +110,7 @@ LAYOUTS = {
 def _three_iterations(overrides):
     trainer = build_trainer(load_config("ppo_brax", overrides))
     state = trainer.init()
-    if isinstance(trainer, PPOTrainer):
+    if isinstance(trainer, Fused):
         state, sums = trainer.run_chunk(state, jnp.int32(3))
     else:
         state, sums = trainer.run_iterations(state, 3)
@@ -141,7 +154,7 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_numbers():
     # 8 fake CPU devices; 48 envs split over 2 micro-batches and meshes of 2..8 devices.
     base = [*TINY, "env.num_envs=48", "env.num_eval_envs=48"]
     out = {name: _three_iterations(base + extra) for name, extra in LAYOUTS.items()}
-    assert isinstance(out["fused"][0], PPOTrainer)
+    assert isinstance(out["fused"][0], Fused) and isinstance(out["fused"][0].algorithm, PPO)
     assert {k: t.placement.mode for k, (t, _, _) in out.items() if k != "fused"} == {
         "collocated": "collocated",
         "disaggregated": "disaggregated",

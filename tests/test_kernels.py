@@ -267,7 +267,7 @@ def _sac_steps(extra, steps=3):
     critic losses and the final actor and critic parameters."""
     from rlinf_jax.replay import TransitionBatch
     from rlinf_jax.tasks.offpolicy import learner as lib
-    from rlinf_jax.tasks.offpolicy import trainer
+    from rlinf_jax.tasks.offpolicy import algorithm as off_policy
     from rlinf_jax.tasks.offpolicy.setup import make_setup
     from rlinf_jax.tasks.registry import load_run_config
 
@@ -277,8 +277,8 @@ def _sac_steps(extra, steps=3):
     obs, act = setup.env.observation_size, setup.env.action_size
     key = jax.random.PRNGKey(0)
     env_state = jax.jit(setup.env.reset)(key)
-    state = trainer.initial_state(cfg, setup, setup.learner, key, env_state,
-                                  trainer.empty_replay(setup.learner, setup, env_state.obs, act))
+    state = off_policy.initial_state(cfg, setup, setup.learner, key, env_state,
+                                     off_policy.empty_replay(setup.learner, setup, env_state.obs, act))
     rng = np.random.default_rng(0)
     step = jax.jit(lambda s, b, k: lib.sac_step(setup.learner, s, b, k))
     losses = []

@@ -17,7 +17,7 @@ from rlinf_jax.replay import TransitionBatch
 from rlinf_jax.runtime import Checkpointer, read_metrics
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.setup import make_setup
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.cli.train import main
 
@@ -151,10 +151,10 @@ def _batch(obs_size, act_size, n=32, seed=0):
 def test_critic_step_regresses_on_the_hand_computed_soft_target(name):
     cfg = _cfg("algorithm.gamma=0.9", "algorithm.reward_scale=2.0", "algorithm.init_alpha=0.3",
                "actor.model.value_hidden_sizes=[32,32]", recipe=f"{name}_brax")
-    trainer = OffPolicyTrainer(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
-    ts = trainer.fresh_state()
-    learner = trainer.learner
-    env = trainer.env
+    algorithm = OffPolicy(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
+    ts = algorithm.fresh_state()
+    learner = algorithm.learner
+    env = algorithm.env
     batch = _batch(env.observation_size, env.action_size)
     key = jax.random.PRNGKey(5)
     _, ok, metrics = jax.jit(lambda t, b, k: lib._sac_critic_step(learner, t, b, k))(ts, batch, key)

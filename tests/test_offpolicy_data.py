@@ -16,7 +16,7 @@ from rlinf_jax.replay import TransitionBatch, read_transitions, write_transition
 from rlinf_jax.runtime import read_metrics
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.setup import make_setup
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.cli.train import main
 from tests.test_offpolicy import TINY_SAC
@@ -75,13 +75,13 @@ def test_rlpd_batches_are_half_online_half_demonstrations(tmp_path):
     path = write_transitions(tmp_path / "demos.parquet", demos, np.zeros(n), np.zeros(n))
     cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.demo_path={path}", "algorithm.batch_size=40",
                                         "algorithm.demo_ratio=0.25"])
-    trainer = OffPolicyTrainer(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
-    ts = trainer.fresh_state()
+    algorithm = OffPolicy(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
+    ts = algorithm.fresh_state()
     online = TransitionBatch(obs=np.ones((8, 4), np.float32), action=np.zeros((8, 1), np.float32),
                              reward=np.full(8, 3.0, np.float32), next_obs=np.ones((8, 4), np.float32),
                              terminated=np.zeros(8, np.float32))
-    ts = ts.replace(replay=trainer.learner.buffer.add(ts.replay, online))
-    batch = lib.sample_batch(trainer.learner, ts, trainer.demos, jax.random.PRNGKey(0))
+    ts = ts.replace(replay=algorithm.learner.buffer.add(ts.replay, online))
+    batch = lib.sample_batch(algorithm.learner, ts, algorithm.demos, jax.random.PRNGKey(0))
     rewards = np.asarray(batch.reward)
     assert batch.size == 40 and np.sum(rewards == 3.0) == 30 and np.sum(rewards == -7.0) == 10
 

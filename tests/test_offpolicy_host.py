@@ -89,14 +89,15 @@ def test_the_host_loop_computes_what_the_fused_program_computes(monkeypatch):
     from test_hostsim import _jax_stack
 
     from rlinf_jax.tasks.offpolicy.setup import make_setup
-    from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+    from rlinf_jax.flow.fused import Fused
+    from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 
     monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).parent))  # workers import the toy's module
     cfg = load_config("sac_gym_mujoco", [*TINY, "env.name=hostsim_toy:HostsimToy-v0", "env.reset_mode=cached",
                                          "algorithm.normalize_observations=false"])
     host_setup = make_setup(cfg)
     jax_setup = dataclasses.replace(host_setup, env=_jax_stack(8, 20, 1), eval_env=_jax_stack(2, 20, 1))
-    fused = OffPolicyTrainer(cfg, jax_setup, jax.sharding.Mesh(jax.devices()[:1], ("data",)))
+    fused = Fused(OffPolicy(cfg, jax_setup, jax.sharding.Mesh(jax.devices()[:1], ("data",))))
     ts = fused.init()
     fused.compile(ts, jax.random.PRNGKey(0))
     ts, sums = fused.run_iterations(ts, 3)

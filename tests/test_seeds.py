@@ -170,7 +170,7 @@ def test_a_run_of_seeds_logs_the_interval_resumes_exactly_and_evaluates_as_it_ra
     mean, half = interval([record[f"eval/return@seed{s}"] for s in range(3)])
     assert record["eval/return"] == pytest.approx(mean) and record["eval/return@ci95"] == pytest.approx(half)
     placement = json.loads((tmp_path / "whole" / "placement.json").read_text())
-    assert placement["runner"] == "PPOTrainer" and placement["seeds"] == [0, 1, 2]
+    assert (placement["runner"], placement["algorithm"], placement["seeds"]) == ("SeedBatch", "PPO", [0, 1, 2])
     with Checkpointer(tmp_path / "whole" / "checkpoints") as ckpt:
         assert ckpt.read_meta(4)["seeds"] == [0, 1, 2]
 

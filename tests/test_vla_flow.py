@@ -124,17 +124,17 @@ def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
     from rlinf_jax.sharding import data_mesh
     from rlinf_jax.tasks.embodied import ppo
     from rlinf_jax.tasks.embodied.setup import make_setup
-    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+    from rlinf_jax.tasks.embodied.algorithm import PPO
 
     cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, f"actor.model.vla_logprob_level={level}"])
-    trainer = PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
-    params = trainer._init_params
-    model = trainer.learner.model(params)
+    algorithm = PPO(cfg, make_setup(cfg), data_mesh(1))
+    params = algorithm._init_params
+    model = algorithm.learner.model(params)
     obs = _obs(batch=4)
     keys = jax.random.split(jax.random.PRNGKey(2), 4)
-    _, bins, logprob = trainer.policy.act(model, obs, keys)
+    _, bins, logprob = algorithm.policy.act(model, obs, keys)
     logits, _ = model(obs)
-    lp = _log_softmax(np.asarray(logits, np.float64) / trainer.policy.temperature)
+    lp = _log_softmax(np.asarray(logits, np.float64) / algorithm.policy.temperature)
     token_lp = np.take_along_axis(lp, np.asarray(bins)[..., None], -1)[..., 0]  # [4, 14]
     per_unit = token_lp if level == "token" else token_lp.reshape(4, 2, 7).sum(-1)
     np.testing.assert_allclose(np.asarray(logprob), per_unit, rtol=1e-5, atol=1e-5)
@@ -147,7 +147,7 @@ def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
         "obs": obs, "raw_action": bins, "logprob": jnp.asarray(old, jnp.float32),
         "advantage": jnp.asarray(adv, jnp.float32), "return": jnp.zeros(4),
     }
-    _, metrics = ppo.loss(trainer.learner, params, None, batch, jax.random.PRNGKey(0))
+    _, metrics = ppo.loss(algorithm.learner, params, None, batch, jax.random.PRNGKey(0))
     a = (adv - adv.mean()) / (adv.std() + 1e-8) if cfg.algorithm.normalize_advantages else adv
     eps = cfg.algorithm.clip_eps
     terms = [
@@ -181,15 +181,15 @@ def test_group_advantages_compare_each_episode_with_its_group():
     from rlinf_jax.sharding import data_mesh
     from rlinf_jax.tasks.embodied import ppo
     from rlinf_jax.tasks.embodied.setup import make_setup
-    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+    from rlinf_jax.tasks.embodied.algorithm import PPO
 
     cfg = load_config(
         "grpo_vla_tabletop", [*TINY_VLA, "env.num_envs=8", "env.group_size=4", "algorithm.reward_scale=2.0"]
     )
-    trainer = PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
+    algorithm = PPO(cfg, make_setup(cfg), data_mesh(1))
     rewards = np.random.default_rng(3).normal(size=(2, 8)).astype(np.float32)
     rewards[:, 4:] = 1.0  # the second group's episodes are all equal: zero advantages
-    adv, ret, _ = ppo.advantages(trainer.learner, None, None, SimpleNamespace(reward=jnp.asarray(rewards)), None)
+    adv, ret, _ = ppo.advantages(algorithm.learner, None, None, SimpleNamespace(reward=jnp.asarray(rewards)), None)
     totals = 2.0 * rewards.sum(0)
     expected = np.zeros(8)
     for g in range(2):
@@ -211,11 +211,11 @@ def test_group_advantages_compare_each_episode_with_its_group():
 def test_group_advantages_refuse_settings_without_whole_grouped_episodes(override, fragment):
     from rlinf_jax.sharding import data_mesh
     from rlinf_jax.tasks.embodied.setup import make_setup
-    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+    from rlinf_jax.tasks.embodied.algorithm import PPO
 
     cfg = load_config("grpo_vla_tabletop", [*TINY_VLA, override])
     with pytest.raises(BadInput, match=fragment):
-        PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
+        PPO(cfg, make_setup(cfg), data_mesh(1))
 
 
 @pytest.mark.slow
@@ -317,8 +317,8 @@ def test_critic_warmup_fits_only_the_value_head():
 def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
     # Hybrid: env on device 0, rollout on device 1, the batch in 2 micro-batches streaming
     # between them (cached resets, which micro-batches can split), the actor on both.
+    from rlinf_jax.flow.fused import Fused
     from rlinf_jax.tasks.embodied.build import build_trainer
-    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
     layouts = {
         "fused": ["flow.runner=fused"],
@@ -331,7 +331,7 @@ def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
         state = trainer.init()
         # The episode strip TensorBoard shows at evaluations, drawn in every layout.
         strips[name] = trainer.strip(state, jax.random.PRNGKey(3), 2)
-        if isinstance(trainer, PPOTrainer):
+        if isinstance(trainer, Fused):
             state, sums = trainer.run_chunk(state, jnp.int32(1))
         else:
             state, sums = trainer.run_iterations(state, 1)
@@ -500,29 +500,31 @@ def test_gpu_recipe_builds_a_model_of_realistic_size():
 
 @pytest.mark.slow
 def test_every_split_is_evaluated_as_its_own_rollout_would():
-    """The splits run through one traced rollout (`PPOTrainer._evaluate`); each split's
+    """The splits run through one traced rollout (`PPO.evaluate`); each split's
     success, and the main split's return and length, equal a rollout of that split's own
     eval env from the same key (the naive loop, one program per split)."""
     from rlinf_jax.rollout import evaluate_policy
     from rlinf_jax.sharding import data_mesh
     from rlinf_jax.tasks.embodied.setup import make_setup
-    from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+    from rlinf_jax.flow.fused import Fused
+    from rlinf_jax.tasks.embodied.algorithm import PPO
 
     cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, "env.name=vision", "env.episode_length=6"])
-    trainer = PPOTrainer(cfg, make_setup(cfg), data_mesh(1))
+    trainer = Fused(PPO(cfg, make_setup(cfg), data_mesh(1)))
+    algorithm = trainer.algorithm
     ts = trainer.init()
     key = jax.random.PRNGKey(7)
     got = jax.device_get(trainer.evaluate(ts.params, ts.obs_stats, key))
-    policy = trainer.deterministic(ts.params, ts.obs_stats)
+    policy = algorithm.deterministic(ts.params, ts.obs_stats)
     # The reference for the main split and one other (each a program of its own: the
     # others' would only repeat them at the cost of their compiles).
     for split in ("vision", "execution"):
-        env = trainer.split_eval_envs[split]
+        env = algorithm.split_eval_envs[split]
         ret, length, success = jax.jit(lambda k, env=env: evaluate_policy(env, policy, k, cfg.env.episode_length))(key)
         assert got[f"eval/success/{split}"] == pytest.approx(float(np.mean(success)), abs=1e-6), split
         if split == "vision":  # the split it trains on is the main evaluation
             assert got["eval/success"] == pytest.approx(float(np.mean(success)), abs=1e-6)
             assert got["eval/return"] == pytest.approx(float(np.mean(ret)), rel=1e-5, abs=1e-6)
-            assert got["eval/episode_length"] == pytest.approx(float(np.mean(length)) * trainer.substeps, rel=1e-6)
+            assert got["eval/episode_length"] == pytest.approx(float(np.mean(length)) * algorithm.substeps, rel=1e-6)
             assert np.std(ret) > 1e-3  # shaped returns that differ per episode: a real comparison
     assert set(got) >= {f"eval/success/{s}" for s in ("train", "vision", "semantic", "execution")}

@@ -1,8 +1,8 @@
 """Seeds side by side: several independent runs of one recipe trained in one program.
 
 `runner.seeds: [0, 1, 2, 3]` (or `runner.num_seeds: 4`, which counts up from
-`runner.seed`) stacks the runs' states on a leading seed axis and `jax.vmap`s the fused
-trainer's chunk and evaluation over it. Each run starts from what the same seed alone
+`runner.seed`) stacks the runs' states on a leading seed axis and `jax.vmap`s the
+algorithm's chunk and evaluation over it. Each run starts from what the same seed alone
 starts from (its own initial parameters, env resets and keys) and takes the same steps,
 so its numbers are those of the seed trained alone, up to the float reassociation of a
 batched matrix product. On a CPU the seed axis turns a small policy's 64-row products
@@ -27,8 +27,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from scipy import special
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import EnvTrainer, FusedTrainer, Trainer
+from rlinf_jax.flow.algorithm import Algorithm
+from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.runtime.metrics import CI, SEED
+from rlinf_jax.sharding import Placement
 from rlinf_jax.sharding.mesh import put
 
 
@@ -113,56 +115,44 @@ def seed_keys(batch: SeedBatch, key) -> jax.Array:
 
 
 class SeedBatch(EnvTrainer):
-    """Runs of a fused trainer side by side: ``len(seeds)`` states on a leading axis, the
-    chunk and the evaluation vmapped over it. The wrapped trainer (the *member*) is a
-    `FusedTrainer`: pure chunk and evaluation programs over one run's state."""
+    """Runs of one algorithm side by side: ``len(seeds)`` states on a leading axis, the
+    algorithm's chunk and evaluation vmapped over it (the fused runner, batched)."""
 
-    def __init__(self, member: FusedTrainer, seeds: Sequence[int]):
-        self.member, self.seeds = member, tuple(seeds)
+    def __init__(self, algorithm: Algorithm, seeds: Sequence[int], placement: Placement | None = None):
+        self.algorithm, self.seeds, self.placement = algorithm, tuple(seeds), placement
         self.num_runs = len(self.seeds)
-        self.cfg = member.cfg
-        axes = (0,) + (None,) * (len(member.chunk_args) + 1)
-        self._run_chunk = jax.jit(jax.vmap(member.chunk_fn, in_axes=axes), donate_argnums=0)
-        self._evaluate = jax.jit(jax.vmap(member.eval_fn))
+        self.cfg = algorithm.cfg
+        axes = (0,) + (None,) * (len(algorithm.chunk_args) + 1)
+        self._run_chunk = jax.jit(jax.vmap(algorithm.chunk, in_axes=axes), donate_argnums=0)
+        self._evaluate = jax.jit(jax.vmap(lambda state, key: algorithm.evaluate(*algorithm.eval_args(state), key)))
         self._seed_array = jnp.asarray(self.seeds, jnp.int32)
 
-    # What the embodied and off-policy loops read of their trainer, the member's.
+    # What the embodied and off-policy loops read of their trainer, the algorithm's.
     @property
     def env_steps_per_iteration(self) -> int:
-        return self.member.env_steps_per_iteration
-
-    @property
-    def placement(self):
-        return self.member.placement
-
-    @property
-    def warm_start_metrics(self):
-        return None
+        return self.algorithm.env_steps_per_iteration
 
     @property
     def image_observations(self) -> bool:
-        return self.member.image_observations
+        return self.algorithm.image_observations
 
     def strip(self, state, key, episodes: int):
         """The first run's episode strip (what TensorBoard shows)."""
-        return self.member.strip(unstack(state, 0), key, episodes)
-
-    def flow_stats(self) -> dict[str, float]:
-        return {}
+        return self.algorithm.strip(unstack(state, 0), key, episodes)
 
     # ---------------------------------------------------------------- protocol
     def place(self, state):
-        return put(state, with_seed_axis(self.member.shardings(unstack(state, 0))))
+        return put(state, with_seed_axis(self.algorithm.shardings(unstack(state, 0))))
 
     def init(self):
-        return self.place(stack([self.member.fresh_state(s) for s in self.seeds]))
+        return self.place(stack([self.algorithm.fresh_state(s) for s in self.seeds]))
 
     def start(self, restored):
-        runs = [self.member.complete(unstack(restored, i)) for i in range(self.num_runs)]
+        runs = [self.algorithm.complete(unstack(restored, i)) for i in range(self.num_runs)]
         return self.place(stack(runs))
 
     def snapshot(self, state):
-        return self.member.snapshot(state)  # the member's snapshot only drops fields
+        return self.algorithm.snapshot(state)  # the algorithm's snapshot only drops fields
 
     def progress(self, state) -> tuple[int, int]:
         steps = np.asarray(jax.device_get(state.step))
@@ -173,12 +163,12 @@ class SeedBatch(EnvTrainer):
         return jax.vmap(lambda s: eval_key(s, step))(self._seed_array)
 
     def compile(self, state, eval_key) -> None:
-        args = self.member.chunk_args
+        args = self.algorithm.chunk_args
         self._chunk = self._run_chunk.lower(state, *args, jnp.int32(1)).compile()
         self._eval = self._evaluate.lower(state, self.eval_keys(state)).compile()
 
     def run_iterations(self, state, n: int):
-        return self._chunk(state, *self.member.chunk_args, jnp.int32(n))
+        return self._chunk(state, *self.algorithm.chunk_args, jnp.int32(n))
 
     def run_eval(self, state, key=None) -> dict:
         """Every run's evaluation with its own key (``key`` is the loop's, unused: each run
@@ -191,11 +181,11 @@ class SeedBatch(EnvTrainer):
         return combine([{k: float(v[i]) for k, v in per_run.items()} for i in range(self.num_runs)], self.seeds)
 
     def summarize(self, sums: dict, n: int) -> dict[str, float]:
-        runs = [self.member.summarize(unstack(sums, i), n) for i in range(self.num_runs)]
+        runs = [self.algorithm.summarize(unstack(sums, i), n) for i in range(self.num_runs)]
         return combine(runs, self.seeds)
 
     def meta(self) -> dict:
-        return {**self.member.meta(), "seeds": list(self.seeds)}
+        return {**self.algorithm.meta(), "seeds": list(self.seeds)}
 
     def load_meta(self, meta: dict) -> None:
         saved = meta.get("seeds")
@@ -204,27 +194,26 @@ class SeedBatch(EnvTrainer):
                 f"the checkpoint holds the runs of seeds {saved}, this run asks for {list(self.seeds)}; "
                 f"resume with runner.seeds={saved}"
             )
-        self.member.load_meta(meta)
-
-    def close(self) -> None:
-        self.member.close()
 
 
-def runner_info(trainer: Trainer) -> dict:
-    """What placement.json says of the runner: its class, and for seeds side by side the
-    member's class and the seeds."""
+def runner_info(trainer: EnvTrainer) -> dict:
+    """What placement.json says of the runner: its class and its algorithm's, and for seeds
+    side by side the seeds."""
+    info = {"runner": type(trainer).__name__}
+    if trainer.algorithm is not None:
+        info["algorithm"] = type(trainer.algorithm).__name__
     if isinstance(trainer, SeedBatch):
-        return {"runner": type(trainer.member).__name__, "seeds": list(trainer.seeds)}
-    return {"runner": type(trainer).__name__}
+        info["seeds"] = list(trainer.seeds)
+    return info
 
 
-def seed_batch(member: EnvTrainer, seeds: Sequence[int], why_not: Callable[[], str | None]) -> EnvTrainer:
-    """``member`` itself for one seed, else the runs side by side; ``why_not`` names what
-    keeps this run from batching its seeds (None: nothing)."""
+def seed_batch(runner: EnvTrainer, seeds: Sequence[int], why_not: Callable[[], str | None]) -> EnvTrainer:
+    """``runner`` itself for one seed, else its algorithm's runs side by side in its
+    placement; ``why_not`` names what keeps this run from batching its seeds (None: nothing)."""
     if len(seeds) == 1:
-        return member
+        return runner
     reason = why_not()
     if reason is not None:
-        member.close()
+        runner.close()
         raise BadInput(f"runner.seeds trains {len(seeds)} runs side by side in the fused runner; {reason}")
-    return SeedBatch(member, seeds)
+    return SeedBatch(runner.algorithm, seeds, runner.placement)

@@ -9,26 +9,18 @@ Trainers subclass `Trainer` explicitly and inherit the defaults of the optional 
 (a state that is its own snapshot, no metadata, nothing to compile or close); a required
 part left out raises `NotImplementedError` naming the class, never returns None.
 
-Two refinements, each the whole contract of the loops that use it:
-- `EnvTrainer`: a trainer that steps environments (embodied PPO, the off-policy family) in
-  any layout; the env-stepping loop (`tasks/env_rl/loop.py`) reads this and nothing else.
-- `FusedTrainer`: an `EnvTrainer` whose chunk is one pure program, which is what
-  `flow.seeds.SeedBatch` vmaps to train seeds side by side.
+`EnvTrainer` refines it for a trainer that steps environments (embodied PPO, the
+off-policy family) in any layout; the env-stepping loop (`tasks/env_rl/loop.py`) reads that
+and nothing else. The env-stepping trainers are runners over an `flow.algorithm.Algorithm`
+(`flow.fused.Fused`, `flow.seeds.SeedBatch`, a task's staged and host runners).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-import jax
-import jax.numpy as jnp
-
+from rlinf_jax.flow.algorithm import Algorithm, missing
 from rlinf_jax.sharding import Placement
-from rlinf_jax.sharding.mesh import put
-
-
-def missing(trainer: Any, what: str) -> NotImplementedError:
-    return NotImplementedError(f"{type(trainer).__name__} does not define {what}, which its loop needs")
 
 
 @runtime_checkable
@@ -82,6 +74,9 @@ class EnvTrainer(Trainer):
     """A trainer that steps environments, in any layout (fused, staged, host simulator):
     everything the env-stepping loop reads of it besides `Trainer`."""
 
+    # The algorithm it runs (`flow.algorithm`), set in the constructor; None for a host
+    # simulator's runner, which builds its learner from the algorithm's maths itself.
+    algorithm: Algorithm | None = None
     # The layout it runs (what placement.json shows); None for a trainer serving as the core
     # of another one (a staged runner's learner half) or as the planner's stand-in.
     placement: Placement | None = None
@@ -107,80 +102,3 @@ class EnvTrainer(Trainer):
         """The first ``episodes`` deterministic eval episodes as one ``[H, W, 3]`` uint8
         image (envs with ``image_observations`` only)."""
         raise missing(self, "strip")
-
-
-class FusedTrainer(EnvTrainer):
-    """The fused layout: a chunk of iterations in one jitted program over one state, on one
-    mesh. This class is the layout's machinery (placing, compiling ahead of time, running
-    chunks and evaluations); a subclass supplies the algorithm's pure parts, which is also
-    what `flow.seeds.SeedBatch` vmaps to train seeds side by side:
-
-    - ``chunk_fn(state, *chunk_args, n) -> (state, sums)`` and ``chunk_args``;
-    - `fresh_state`, `complete`, `shardings`;
-    - ``_evaluate(*eval_args(state), key) -> metrics`` and `eval_args` (the parts of the
-      state a policy's evaluation reads: the planner and the staged runners call
-      ``evaluate`` on those parts alone);
-    - `summarize` (`EnvTrainer`).
-
-    The subclass's ``__init__`` ends with `fuse`, which jits the programs.
-    """
-
-    mesh: Any = None
-    chunk_fn: Any = None
-    chunk_args: tuple = ()
-
-    def fuse(self) -> None:
-        """Jits the chunk (its state donated) and the evaluation."""
-        self.run_chunk = jax.jit(self.chunk_fn, donate_argnums=0)
-        self.evaluate = jax.jit(self._evaluate)
-
-    # ---------------------------------------------------------- the algorithm's parts
-    def fresh_state(self, seed: int | None = None) -> Any:
-        """A run's unplaced state of step 0 for ``seed`` (default ``runner.seed``)."""
-        raise missing(self, "fresh_state")
-
-    def complete(self, restored: Any) -> Any:
-        """A run's state read from a checkpoint, filled in (what `snapshot` dropped), unplaced."""
-        raise missing(self, "complete")
-
-    def shardings(self, state: Any) -> Any:
-        """Where each leaf of one run's ``state`` (real or abstract) lives."""
-        raise missing(self, "shardings")
-
-    def eval_args(self, state: Any) -> tuple:
-        """The parts of ``state`` the evaluation reads (parameters, observation statistics)."""
-        raise missing(self, "eval_args")
-
-    def _evaluate(self, *args: Any) -> dict:
-        raise missing(self, "_evaluate")
-
-    def eval_fn(self, state: Any, key: Any) -> dict:
-        """The evaluation of a state's policy: pure, so that it can be vmapped."""
-        return self._evaluate(*self.eval_args(state), key)
-
-    # ---------------------------------------------------------- the layout's machinery
-    def place(self, state: Any) -> Any:
-        return put(state, self.shardings(state))
-
-    def init(self) -> Any:
-        return self.place(self.fresh_state())
-
-    def start(self, restored: Any) -> Any:
-        return self.place(self.complete(restored))
-
-    def progress(self, state: Any) -> tuple[int, int]:
-        return int(state.step), int(state.bad_iterations)
-
-    def compile(self, state: Any, eval_key: Any) -> None:
-        """Compiles ahead of time so that the first chunk's timing is pure execution."""
-        self._chunk = self.run_chunk.lower(state, *self.chunk_args, jnp.int32(1)).compile()
-        self.compile_eval(state, eval_key)
-
-    def compile_eval(self, state: Any, eval_key: Any) -> None:
-        self._eval = self.evaluate.lower(*self.eval_args(state), eval_key).compile()
-
-    def run_iterations(self, state: Any, n: int) -> tuple[Any, Any]:
-        return self._chunk(state, *self.chunk_args, jnp.int32(n))
-
-    def run_eval(self, state: Any, key: Any) -> dict:
-        return self._eval(*self.eval_args(state), key)

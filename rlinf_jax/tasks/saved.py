@@ -54,23 +54,25 @@ class RestoredPolicy:
 
 
 def first_run(trainer, state):
-    """A trainer and state of one run: for seeds side by side the first seed's."""
-    return (trainer.member, unstack(state, 0)) if isinstance(trainer, SeedBatch) else (trainer, state)
+    """What holds the policy's functions (the trainer's algorithm; a host simulator's runner
+    holds its own) and the state of one run: for seeds side by side the first seed's."""
+    holder = trainer if trainer.algorithm is None else trainer.algorithm
+    return holder, unstack(state, 0) if isinstance(trainer, SeedBatch) else state
 
 
 def restore_policy(path, overrides=()) -> RestoredPolicy:
     """The policy of a checkpoint (for seeds side by side, the first seed's run)."""
     point, cfg = run_config(path, overrides)
     if cfg.runner.task == "offpolicy":
-        trainer, state = first_run(*offpolicy_eval.restore(point, cfg))
-        act = offpolicy_lib.greedy(trainer.learner, state.actor, state.obs_stats)
-        sample = offpolicy_lib.acting(trainer.learner, state.actor, state.obs_stats)
+        holder, state = first_run(*offpolicy_eval.restore(point, cfg))
+        act = offpolicy_lib.greedy(holder.learner, state.actor, state.obs_stats)
+        sample = offpolicy_lib.acting(holder.learner, state.actor, state.obs_stats)
     else:
-        trainer, state = first_run(*embodied_eval.restore(point, cfg))
-        act = trainer.deterministic(state.params, state.obs_stats)
-        acting = trainer.policy_fn(state.params, state.obs_stats)
+        holder, state = first_run(*embodied_eval.restore(point, cfg))
+        act = holder.deterministic(state.params, state.obs_stats)
+        acting = holder.policy_fn(state.params, state.obs_stats)
         sample = lambda obs, keys: acting(obs, keys)[0]  # noqa: E731  (the env action of (action, raw, logprob))
-    return RestoredPolicy(cfg, str(point.path), int(state.step), trainer.env, trainer.eval_env, act, sample)
+    return RestoredPolicy(cfg, str(point.path), int(state.step), holder.env, holder.eval_env, act, sample)
 
 
 def evaluate_run(path, overrides=(), seed: int | None = None, strip=None, strip_episodes: int = 4) -> dict:

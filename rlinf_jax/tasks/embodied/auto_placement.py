@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import jax
 
 from rlinf_jax.config.schema import Config
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.errors import BadInput
 from rlinf_jax.sharding import Placement
 from rlinf_jax.tasks.embodied.layouts import placed_trainer, resolve_embodied_placement
 from rlinf_jax.tasks.embodied.setup import Setup
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def profile(cfg: Config, setup: Setup, cand: Candidate, num_devices: int, repeat
     placement = resolve_embodied_placement(ccfg, num_devices)
     trainer = placed_trainer(ccfg, setup, placement)
     state = trainer.init()
-    if isinstance(trainer, PPOTrainer):
+    if isinstance(trainer, Fused):
         holder = {"ts": state}
 
         def fused():

@@ -48,22 +48,24 @@ def evaluate(point, cfg: Config, key=None, strip=None, strip_episodes: int = 4) 
         raise BadInput(f"--strip {strip} exists; choose a new file name")
     trainer, state = restore(point, cfg)
     try:  # a host simulator's evaluation starts worker processes
+        drawer = trainer  # what draws the strip
         if isinstance(trainer, SeedBatch):
             metrics = trainer.evaluate_runs(state, trainer.eval_keys(state) if key is None else seed_keys(trainer, key))
-            state, trainer = unstack(state, 0), trainer.member  # the first run's strip
+            state, drawer = unstack(state, 0), trainer.algorithm  # the first run's strip
         else:
             key = eval_key(cfg, int(state.step)) if key is None else key
             metrics = {k: float(v) for k, v in trainer.evaluate(state.params, state.obs_stats, key).items()}
         if strip is not None:
             key = eval_key(cfg, int(state.step)) if key is None else key
-            metrics["strip"] = str(save_strip(trainer, state, cfg, key, strip, strip_episodes))
+            metrics["strip"] = str(save_strip(drawer, state, cfg, key, strip, strip_episodes))
     finally:
         trainer.close()
     return int(state.step), metrics
 
 
-def save_strip(trainer, state, cfg, key, path, episodes: int):
-    """The first ``episodes`` eval episodes, one frame per policy step, as one PNG."""
-    if not trainer.image_observations:
+def save_strip(drawer, state, cfg, key, path, episodes: int):
+    """The first ``episodes`` eval episodes, one frame per policy step, as one PNG
+    (``drawer``: a runner, or a seed batch's algorithm for its first run)."""
+    if not drawer.image_observations:
         raise BadInput(f"--strip needs an env with image observations; {cfg.env.suite}/{cfg.env.name} has none")
-    return write_png(path, trainer.episode_strip(state.params, state.obs_stats, key, episodes))
+    return write_png(path, drawer.strip(state, key, episodes))

@@ -60,7 +60,7 @@ from rlinf_jax.sharding import (
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, stats_size
-from rlinf_jax.tasks.embodied.trainer import check_batch
+from rlinf_jax.tasks.embodied.algorithm import check_batch
 from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 
 

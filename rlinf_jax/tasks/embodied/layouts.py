@@ -1,5 +1,6 @@
-"""An embodied trainer for a given placement: the fused single-jit `PPOTrainer` where it
-applies, the staged `StagedPPO` everywhere else."""
+"""An embodied trainer for a given placement: the `PPO` algorithm under the fused runner
+(`flow.fused.Fused`, one jitted chunk) where it applies, the staged `StagedPPO` everywhere
+else, `HostPPO` on a host simulator."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement, with_phase
+from rlinf_jax.tasks.embodied.algorithm import PPO
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
 
 
 def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
@@ -57,7 +59,7 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         # flow.num_micro_batches, with the same PPO maths.
         trainer = HostPPO(cfg, setup, placement, devices)
     elif runners.fused(cfg.flow, placement):
-        trainer = PPOTrainer(cfg, setup, component_mesh(placement, "actor", devices), placement)
+        trainer = Fused(PPO(cfg, setup, component_mesh(placement, "actor", devices)), placement)
     else:
         trainer = StagedPPO(cfg, setup, placement, devices)
     return seed_batch(trainer, seeds, lambda: why_not_batched(cfg, setup, trainer))
@@ -67,7 +69,7 @@ def why_not_batched(cfg: Config, setup: Setup, trainer) -> str | None:
     """What keeps the run from training its seeds side by side (None: nothing)."""
     if is_host_suite(cfg.env):
         return f"{cfg.env.suite} simulators step in worker processes, outside the program: run one seed per run"
-    if not isinstance(trainer, PPOTrainer):
+    if not isinstance(trainer, Fused):
         return ("it needs cluster.component_placement=collocated, flow.num_micro_batches=1 and flow.max_staleness=0 "
                 "(got a staged layout)")
     if setup.warm_start_metrics is not None:

@@ -1,5 +1,5 @@
 """An embodied PPO run as programs for the planner (`rlinf_jax.flow.plan`): the fused
-trainer's two programs (`PPOTrainer`), the very jitted functions it calls, on the target's
+runner's two programs (`Fused` over `PPO`), the very jitted functions it calls, on the target's
 devices:
 
 - ``iteration``: one PPO iteration in one program (`ppo.run_chunk` for one iteration: the
@@ -30,13 +30,14 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.plan import NotPlanned, Program, Resident, fused_layout, laid_out, with_unrolled_twins
 from rlinf_jax.rollout import unroll
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.staged import COMPONENTS
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+from rlinf_jax.tasks.embodied.algorithm import PPO
 
 COMPONENT = "collocated"  # env, rollout and actor share every chip: one component to the planner
 
@@ -58,15 +59,16 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
         )
     placement, mesh = fused_layout(cfg, COMPONENTS, devices, "an embodied run")
     setup = make_setup(cfg, abstract=True)
-    trainer = PPOTrainer(cfg, setup, mesh)  # checks that the env batches split over the mesh
-    state = jax.eval_shape(trainer.state_around, setup.params)
-    state = laid_out(state, trainer.shardings(state))
+    algorithm = PPO(cfg, setup, mesh)  # checks that the env batches split over the mesh
+    trainer = Fused(algorithm)
+    state = jax.eval_shape(algorithm.state_around, setup.params)
+    state = laid_out(state, algorithm.shardings(state))
     rep = replicated(mesh)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
-    s = trainer.learner.settings
+    s = algorithm.learner.settings
 
     n_params = int(sum(x.size for x in jax.tree.leaves(setup.params)))
-    B, T = trainer.env.num_envs, s.rollout_length
+    B, T = algorithm.env.num_envs, s.rollout_length
     # The policy's own FLOPs, counting every parameter (policy and value networks) per
     # sample: a forward pass on every step of the rollout, forward and backward on every
     # sample of every epoch. The simulator's work is no model's.
@@ -76,14 +78,14 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     iteration = Program(
         COMPONENT, "iteration", trainer.run_chunk, (state, jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)),
         model_flops=train_flops, holds=("policy", "optimizer", "env state"),
-        more=_iteration_loops(trainer, state, key),
+        more=_iteration_loops(algorithm, state, key),
     )
-    # Episodes end at the time limit, counted in policy steps (of `trainer.substeps` sub-steps each).
-    steps = max(1, -(-e.episode_length // trainer.substeps))
+    # Episodes end at the time limit, counted in policy steps (of `algorithm.substeps` sub-steps each).
+    steps = max(1, -(-e.episode_length // algorithm.substeps))
     every = cfg.runner.eval_interval or cfg.runner.max_steps
     # The trainer's evaluation, with every parameter kept as an argument: jit would drop the
     # ones a deterministic policy never reads (a critic's), which stay on the chips all the same.
-    evaluate = Program(COMPONENT, "evaluate", jax.jit(trainer._evaluate, keep_unused=True),
+    evaluate = Program(COMPONENT, "evaluate", jax.jit(algorithm.evaluate, keep_unused=True),
                        (state.params, state.obs_stats, key),
                        calls=1.0 / max(1, every), loop_trips=steps, holds=("policy",))
     residents = [
@@ -94,10 +96,10 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     notes = [
         f"{cfg.actor.model.kind} policy of {n_params:,} parameters on {e.suite} {e.name} ({e.backend}), "
         f"env, rollout and actor collocated on {len(devices)} chip(s) {dict(placement.components['actor'].mesh_shape)}"
-        " (the fused trainer)",
-        f"an iteration: {B} envs x {T} steps ({trainer.env_steps_per_iteration:,} env steps), then {s.update_epochs} "
+        " (the fused runner)",
+        f"an iteration: {B} envs x {T} steps ({algorithm.env_steps_per_iteration:,} env steps), then {s.update_epochs} "
         f"epochs of {s.num_minibatches} minibatches of {s.minibatch_size}",
-        f"evaluation: {trainer.eval_env.num_envs} envs for up to {steps} steps each (every episode to the time limit), "
+        f"evaluation: {algorithm.eval_env.num_envs} envs for up to {steps} steps each (every episode to the time limit), "
         + (f"every {every} iterations" if cfg.runner.eval_interval else "once, after the last iteration"),
         "FLOPs and bytes count every env step and every minibatch, but the simulator's own inner loops (a Brax "
         "step's frames, its solver's iterations) once per step: the env's share is a lower bound",
@@ -110,13 +112,13 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     return [iteration, evaluate], residents, notes
 
 
-def _iteration_loops(trainer: PPOTrainer, state, key) -> tuple:
+def _iteration_loops(algorithm: PPO, state, key) -> tuple:
     """The iteration's loop trips beyond the one the compiler costs: every other env step of
     the rollout, and every other minibatch step of the update."""
-    learner, s = trainer.learner, trainer.learner.settings
+    learner, s = algorithm.learner, algorithm.learner.settings
 
     def rollout(length: int):
-        return jax.jit(lambda ts, k: unroll(trainer.env, ppo.acting(learner, ts.params, ts.obs_stats), ts.env_state,
+        return jax.jit(lambda ts, k: unroll(algorithm.env, ppo.acting(learner, ts.params, ts.obs_stats), ts.env_state,
                                             k, length))
 
     traj = jax.eval_shape(rollout(s.rollout_length), state, key)[1]

@@ -35,6 +35,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.base import EnvState
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.channel import Channel
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.stage import Stage
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.rollout import env_keys, env_step, step_keys, unroll
@@ -55,7 +56,7 @@ from rlinf_jax.sharding import (
 from rlinf_jax.sharding.mesh import fetch, put, replicated
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+from rlinf_jax.tasks.embodied.algorithm import PPO
 
 COMPONENTS = ("env", "rollout", "actor")
 
@@ -89,8 +90,10 @@ class StagedPPO(EnvTrainer):
         env = setup.env
         self.cfg, self.env, self.placement = cfg, env, placement
         self.meshes = {c: component_mesh(placement, c, devices) for c in COMPONENTS}
-        # The actor half, evaluation and checkpoint layout are the fused trainer's own.
-        self.core = PPOTrainer(cfg, setup, self.meshes["actor"])
+        # The actor half, evaluation and checkpoint layout are the fused runner's own, over
+        # the algorithm laid out on the actor's mesh.
+        self.algorithm = PPO(cfg, setup, self.meshes["actor"])
+        self.core = Fused(self.algorithm)
         f = cfg.flow
         self.num_micro = f.num_micro_batches
         self.micro = env.num_envs // self.num_micro
@@ -116,7 +119,7 @@ class StagedPPO(EnvTrainer):
         # plus the rollout's) with a learner laid out there; the learner's state lives on
         # the actor's mesh between updates and moves there and back (`_switch`).
         self.dynamic = "update" in placement.phases
-        self.update_core = self.core
+        self.update_algorithm = self.algorithm
         if self.dynamic:
             if self.max_staleness:
                 raise BadInput(
@@ -134,19 +137,18 @@ class StagedPPO(EnvTrainer):
                     f"env.num_envs={env.num_envs} does not split over them; use a multiple of {n}, or a placement "
                     "whose actor and rollout devices together divide it"
                 )
-            self.update_core = PPOTrainer(cfg, setup, update_mesh, evaluates=False)
+            self.update_algorithm = PPO(cfg, setup, update_mesh, evaluates=False)
         self._switch_s = 0.0
         env_dev, roll_dev = (placement.components[c] for c in ("env", "rollout"))
         # Env and rollout on the same devices in the same layout: unroll each micro-batch
         # in one fused scan rather than enqueueing every step.
         self.fused_rollout = env_dev == roll_dev
 
-        core = self.core
         # The key chain lives with the producer: were it on the actor's devices, every
         # rollout would queue behind the update it is meant to overlap.
         self.split_key = _Stage.create("split_key", "rollout", self.meshes["rollout"], lambda k: tuple(jax.random.split(k, 3)))
-        update_mesh = self.update_core.mesh
-        self.learn = _Stage.create("learn", "actor", update_mesh, self.update_core.learn)
+        update_mesh = self.update_algorithm.mesh
+        self.learn = _Stage.create("learn", "actor", update_mesh, self.update_algorithm.learn)
         self.infer = _Stage.create("infer", "rollout", self.meshes["rollout"], self._infer)
         self.step = _Stage.create("step", "env", self.meshes["env"], self._env_step, donate_argnums=0)
         self.unroll = _Stage.create("unroll", "rollout", self.meshes["rollout"], self._unroll, donate_argnums=2)
@@ -172,13 +174,13 @@ class StagedPPO(EnvTrainer):
     def _infer(self, params, stats, obs, rollout_key, t, first_env):
         batch = jax.tree.leaves(obs)[0].shape[0]  # observations may be a pytree (image, tokens, ...)
         keys = env_keys(step_keys(rollout_key, self.T)[t], batch, first_env)
-        return self.core.policy_fn(params, stats)(obs, keys)
+        return self.algorithm.policy_fn(params, stats)(obs, keys)
 
     def _env_step(self, state, action):
         return env_step(self.env, state, action, None, None)
 
     def _unroll(self, params, stats, state, rollout_key, first_env):
-        return unroll(self.env, self.core.policy_fn(params, stats), state, rollout_key, self.T, first_env)
+        return unroll(self.env, self.algorithm.policy_fn(params, stats), state, rollout_key, self.T, first_env)
 
     # ------------------------------------------------------------- placement
     def _split_env(self, env_state: EnvState) -> list[EnvState]:
@@ -208,7 +210,7 @@ class StagedPPO(EnvTrainer):
         rollout_mesh = self.meshes["rollout"]
         # The rollout lays the same weights out by its own mesh (e.g. tensor- rather than
         # FSDP-split); weight sync reshards onto exactly this layout every iteration.
-        rollout_params = put(learner.params, param_shardings(learner.params, rollout_mesh, self.core.rules))
+        rollout_params = put(learner.params, param_shardings(learner.params, rollout_mesh, self.algorithm.rules))
         return StagedState(
             learner=learner,
             env_states=self._split_env(ts.env_state),
@@ -246,12 +248,12 @@ class StagedPPO(EnvTrainer):
 
     @property
     def image_observations(self) -> bool:
-        return self.core.image_observations
+        return self.algorithm.image_observations
 
     def strip(self, s: StagedState, key, episodes: int) -> np.ndarray:
-        """The learner's policy on the eval env, drawn by the fused trainer on the actor mesh,
-        as the evaluation itself runs."""
-        return self.core.episode_strip(s.learner.params, s.learner.obs_stats, key, episodes)
+        """The learner's policy on the eval env, drawn on the actor mesh, as the evaluation
+        itself runs."""
+        return self.algorithm.strip(s.learner, key, episodes)
 
     def flow_stats(self) -> dict[str, float]:
         return dict(self._flow_stats) if hasattr(self, "_flow_stats") else {}
@@ -263,15 +265,15 @@ class StagedPPO(EnvTrainer):
         if self.offload:
             learner = learner.replace(opt_state=unpark(learner.opt_state))
         if self.dynamic:
-            learner = self._switch(learner, self.update_core)
+            learner = self._switch(learner, self.update_algorithm)
         learner, metrics = self.learn(learner, traj, last_obs, key)
         if self.dynamic:
-            learner = self._switch(learner, self.core)
+            learner = self._switch(learner, self.algorithm)
         if self.offload:
             learner = learner.replace(opt_state=park(learner.opt_state))
         return learner, metrics
 
-    def _switch(self, learner: TrainState, to: PPOTrainer) -> TrainState:
+    def _switch(self, learner: TrainState, to: PPO) -> TrainState:
         """cluster.scaling=dynamic: the learner's state onto ``to``'s mesh (the update's, or
         back to the actor's), each source buffer freed as its copy lands; the seconds it
         took add up in ``time/switch_s``."""
@@ -282,7 +284,7 @@ class StagedPPO(EnvTrainer):
 
     @property
     def warm_start_metrics(self) -> dict | None:
-        return self.core.warm_start_metrics
+        return self.algorithm.warm_start_metrics
 
     # -------------------------------------------------------------- execution
     def _produce(self, s: StagedState) -> None:

@@ -40,7 +40,7 @@ from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
-from rlinf_jax.tasks.offpolicy.trainer import empty_replay, initial_state
+from rlinf_jax.tasks.offpolicy.algorithm import empty_replay, initial_state
 
 # What the learner and the logs read of the pool after each env step.
 STEP_ARRAYS = ("done", "truncated", "reward", "final_obs", "obs", "episode_return", "episode_length")

@@ -1,5 +1,5 @@
 """An off-policy run (SAC, CrossQ, RLPD, IQL) as programs for the planner
-(`rlinf_jax.flow.plan`): the fused trainer's two programs (`OffPolicyTrainer`), the very
+(`rlinf_jax.flow.plan`): the fused runner's two programs (`Fused` over `OffPolicy`), the very
 jitted functions it calls, on the target's devices:
 
 - ``iteration``: one iteration in one program (`learner.run_chunk` for one iteration:
@@ -26,12 +26,13 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.plan import NotPlanned, Program, Resident, fused_layout, laid_out, param_count
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.config import COMPONENTS
 from rlinf_jax.tasks.offpolicy.setup import make_setup
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 
 COMPONENT = "collocated"  # env, rollout, actor and the replay buffer share every chip
 
@@ -47,13 +48,14 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
         )
     placement, mesh = fused_layout(cfg, COMPONENTS, devices, "an off-policy run")
     setup = make_setup(cfg)
-    trainer = OffPolicyTrainer(cfg, setup, mesh)  # checks that the env batches split over the mesh
-    state = jax.eval_shape(trainer.fresh_state)
-    state = laid_out(state, trainer.shardings(state))
-    demos = None if trainer.demos is None else laid_out(trainer.demos, jax.tree.map(lambda x: x.sharding,
-                                                                                    trainer.demos))
+    algorithm = OffPolicy(cfg, setup, mesh)  # checks that the env batches split over the mesh
+    trainer = Fused(algorithm)
+    state = jax.eval_shape(algorithm.fresh_state)
+    state = laid_out(state, algorithm.shardings(state))
+    demos = None if algorithm.demos is None else laid_out(algorithm.demos, jax.tree.map(lambda x: x.sharding,
+                                                                                    algorithm.demos))
     rep = replicated(mesh)
-    s = trainer.learner.settings
+    s = algorithm.learner.settings
     T, utd, B = s.rollout_length, s.utd_ratio, s.batch_size
     n_actor = param_count(state.actor)
     n_critics = param_count(state.critic) + param_count(state.value)
@@ -65,9 +67,9 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
     iteration = Program(
         COMPONENT, "iteration", trainer.run_chunk, (state, demos, jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)),
         model_flops=model_flops, holds=("networks", "optimizers", "replay buffer", "env state"),
-        more=_iteration_loops(trainer, state, demos),
+        more=_iteration_loops(algorithm, state, demos),
     )
-    steps = max(1, -(-e.episode_length // trainer.substeps))
+    steps = max(1, -(-e.episode_length // algorithm.substeps))
     every = cfg.runner.eval_interval or cfg.runner.max_steps
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
     evaluate = Program(COMPONENT, "evaluate", trainer.evaluate, (state.actor, state.obs_stats, key),
@@ -85,11 +87,11 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
     notes = [
         f"{a.name}: an actor of {n_actor:,} and critics of {n_critics:,} parameters on {e.suite} {e.name} "
         f"({e.backend}), env, rollout, actor and replay collocated on {len(devices)} chip(s) "
-        f"{dict(placement.components['actor'].mesh_shape)} (the fused trainer)",
-        f"an iteration: {T} steps of {s.num_envs} envs ({trainer.env_steps_per_iteration:,} env steps), each "
-        f"followed by {utd} gradient step(s) on batches of {B} ({trainer.grad_steps_per_iteration} an iteration); "
+        f"{dict(placement.components['actor'].mesh_shape)} (the fused runner)",
+        f"an iteration: {T} steps of {s.num_envs} envs ({algorithm.env_steps_per_iteration:,} env steps), each "
+        f"followed by {utd} gradient step(s) on batches of {B} ({algorithm.grad_steps_per_iteration} an iteration); "
         f"a replay buffer of {a.replay_size:,} transitions, its rows split with the envs",
-        f"evaluation: {trainer.eval_env.num_envs} envs for up to {steps} steps each (every episode to the time limit), "
+        f"evaluation: {algorithm.eval_env.num_envs} envs for up to {steps} steps each (every episode to the time limit), "
         + (f"every {every} iterations" if cfg.runner.eval_interval else "once, after the last iteration"),
         "FLOPs and bytes count every env step and every gradient step, but the simulator's own inner loops once "
         "per step: the env's share is a lower bound",
@@ -100,13 +102,13 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
     return [iteration, evaluate], residents, notes
 
 
-def _iteration_loops(trainer: OffPolicyTrainer, state, demos) -> tuple:
+def _iteration_loops(algorithm: OffPolicy, state, demos) -> tuple:
     """The iteration's loop trips beyond the one the compiler costs: every other step of the
     rollout (an env step, its insert and one gradient step), and every other gradient step."""
-    env, learner, s = trainer.env, trainer.learner, trainer.learner.settings
-    keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=replicated(trainer.mesh))
+    env, learner, s = algorithm.env, algorithm.learner, algorithm.learner.settings
+    keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32, sharding=replicated(algorithm.mesh))
     one_step = jax.jit(functools.partial(lib.online_iteration, env, learner))
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(trainer.mesh))
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(algorithm.mesh))
     grad = jax.jit(functools.partial(lib.gradient_steps, learner, n=1))
     return (
         (one_step, (state, demos, keys, keys), s.rollout_length - 1),

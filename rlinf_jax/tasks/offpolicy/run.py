@@ -10,23 +10,24 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.host_loop import NothingToDo
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.env_rl import loop as env_loop
 from rlinf_jax.tasks.env_rl.summary import RunSummary
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.tasks.offpolicy.config import COMPONENTS
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.plan import programs as plan_programs
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
 from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
 
 
 def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None) -> EnvTrainer:
-    """The fused trainer where it applies (collocated, synchronous), the staged one elsewhere;
-    on a host simulator the host loop's."""
+    """The `OffPolicy` algorithm under the fused runner where it applies (collocated,
+    synchronous), the staged runner elsewhere; on a host simulator the host runner."""
     if cfg.cluster.scaling == "dynamic":
         # Off-policy learners step every env step, interleaved with acting: no phase leaves
         # the rollout's devices idle for the update to borrow.
@@ -47,7 +48,7 @@ def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=No
     if is_host_suite(cfg.env):
         trainer = HostOffPolicy(cfg, setup, placement, devices)
     elif runners.fused(cfg.flow, placement):
-        trainer = OffPolicyTrainer(cfg, setup, component_mesh(placement, "actor", devices), placement)
+        trainer = Fused(OffPolicy(cfg, setup, component_mesh(placement, "actor", devices)), placement)
     else:
         trainer = StagedOffPolicy(cfg, setup, placement, devices)
     return seed_batch(trainer, resolve_seeds(cfg.runner), lambda: why_not_batched(cfg, trainer))
@@ -57,7 +58,7 @@ def why_not_batched(cfg: Config, trainer) -> str | None:
     """What keeps the run from training its seeds side by side (None: nothing)."""
     if is_host_suite(cfg.env):
         return f"{cfg.env.suite} simulators step in worker processes, outside the program: run one seed per run"
-    if not isinstance(trainer, OffPolicyTrainer):
+    if not isinstance(trainer, Fused):
         return ("it needs cluster.component_placement=collocated and flow.max_staleness=0 (got a staged layout)")
     if cfg.actor.model.matmul != "xla":
         return (f"actor.model.matmul={cfg.actor.model.matmul}'s custom calls would run the seeds one after another: "

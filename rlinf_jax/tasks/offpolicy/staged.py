@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.rollout import env_keys
 from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, component_mesh, shard_batch
@@ -34,7 +35,7 @@ from rlinf_jax.sharding.mesh import fetch, put, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
-from rlinf_jax.tasks.offpolicy.trainer import OffPolicyTrainer
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 
 
 class StagedOffPolicy(EnvTrainer):
@@ -54,13 +55,14 @@ class StagedOffPolicy(EnvTrainer):
             n = batch_divisor(mesh)
             if setup.env.num_envs % n:
                 raise BadInput(f"env.num_envs={setup.env.num_envs} is not divisible by the {n} devices of the {name} mesh")
-        # The learner's side is the fused trainer's on the actor mesh: its state, its
-        # buffer's layout, its evaluation.
-        self.core = OffPolicyTrainer(cfg, setup, self.actor_mesh)
-        self.env, self.eval_env, self.learner = self.core.env, self.core.eval_env, self.core.learner
-        self.substeps = self.core.substeps
-        self.env_steps_per_iteration = self.core.env_steps_per_iteration
-        self.grad_steps_per_iteration = self.core.grad_steps_per_iteration
+        # The learner's side is the algorithm on the actor mesh under the fused runner: its
+        # state, its buffer's layout, its evaluation.
+        self.algorithm = algorithm = OffPolicy(cfg, setup, self.actor_mesh)
+        self.core = Fused(algorithm)
+        self.env, self.eval_env, self.learner = algorithm.env, algorithm.eval_env, algorithm.learner
+        self.substeps = algorithm.substeps
+        self.env_steps_per_iteration = algorithm.env_steps_per_iteration
+        self.grad_steps_per_iteration = algorithm.grad_steps_per_iteration
         learner, env = self.learner, self.env
         num_envs = learner.settings.num_envs
 
@@ -87,14 +89,14 @@ class StagedOffPolicy(EnvTrainer):
         # Traced once, not every iteration: the zeros the learner's sums start from.
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos),
                                      out_shardings=replicated(self.actor_mesh))
-        # The learner's evaluation and policy are the fused trainer's (what `evaluate` and
-        # `restore_policy` call on a checkpoint's state).
+        # The learner's evaluation and policy (what `evaluate` and `restore_policy` call on a
+        # checkpoint's state).
         self.evaluate = self.core.evaluate
-        self.policy = self.core.policy
+        self.policy = algorithm.policy
 
     # ----------------------------------------------------------------- state
     def init(self) -> OffPolicyState:
-        return self.place(self.core.fresh_state())
+        return self.place(self.algorithm.fresh_state())
 
     def place(self, ts: OffPolicyState) -> OffPolicyState:
         """The learner's part on the actor mesh (the fused trainer's layout there), the env
@@ -107,7 +109,7 @@ class StagedOffPolicy(EnvTrainer):
 
     def start(self, restored) -> OffPolicyState:
         if restored.replay is None:
-            restored = restored.replace(replay=self.core.empty_replay(restored.env_state))
+            restored = restored.replace(replay=self.algorithm.empty_replay(restored.env_state))
         return self.place(restored)
 
     def progress(self, ts) -> tuple[int, int]:
@@ -147,7 +149,7 @@ class StagedOffPolicy(EnvTrainer):
         key, env_keys_, learn_keys = self._keys(ts.key)
         env_state, learner_state = ts.env_state, ts.replace(env_state=None)
         if step < s.offline_iterations:
-            learner_state, metrics = self._offline(learner_state, self.core.demos, learn_keys)
+            learner_state, metrics = self._offline(learner_state, self.algorithm.demos, learn_keys)
             learner_state, sums = self._finish(learner_state, metrics, key, learner_state.actor, learner_state.obs_stats)
             return learner_state.replace(env_state=env_state), sums, env_steps
 
@@ -155,7 +157,7 @@ class StagedOffPolicy(EnvTrainer):
         env_rows, rollout_rows = batch_sharding(self.env_mesh), batch_sharding(self.rollout_mesh)
         actor_rows = batch_sharding(self.actor_mesh)
         env_sums = self._zero_env_sums()
-        learn_sums = self._zero_metrics(learner_state, self.core.demos)
+        learn_sums = self._zero_metrics(learner_state, self.algorithm.demos)
 
         def collect(t, acting):
             nonlocal env_state, env_sums
@@ -172,13 +174,13 @@ class StagedOffPolicy(EnvTrainer):
             next_rollout = jax.tree.map(jnp.copy, (learner_state.actor, learner_state.obs_stats))
             transitions = [collect(t, acting) for t in range(s.rollout_length)]
             for t, transition in enumerate(transitions):
-                learner_state, learn_sums = self._learn(learner_state, learn_sums, transition, self.core.demos,
+                learner_state, learn_sums = self._learn(learner_state, learn_sums, transition, self.algorithm.demos,
                                                         learn_keys[t])
         else:
             for t in range(s.rollout_length):
                 acting = put((learner_state.actor, learner_state.obs_stats), replicated(self.rollout_mesh))
                 transition = collect(t, acting)
-                learner_state, learn_sums = self._learn(learner_state, learn_sums, transition, self.core.demos,
+                learner_state, learn_sums = self._learn(learner_state, learn_sums, transition, self.algorithm.demos,
                                                         learn_keys[t])
             next_rollout = (learner_state.actor, learner_state.obs_stats)
         sums = {**learn_sums, **put(env_sums, replicated(self.actor_mesh))}

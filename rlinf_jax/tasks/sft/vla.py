@@ -34,7 +34,7 @@ from rlinf_jax.tasks.embodied import cloning
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.state import TrainState
-from rlinf_jax.tasks.embodied.trainer import PPOTrainer
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.tasks.sft.loop import LMRunSummary
 
 
@@ -59,12 +59,12 @@ def cloning_steps(graphdef, tx, batch_size: int, ts: TrainState, n, data, rows):
 
 
 class VLASFTTrainer(Trainer):
-    """Behaviour cloning on the demonstrations, with a `PPOTrainer` for the model, state
-    layout and evaluation."""
+    """Behaviour cloning on the demonstrations, with PPO's fused runner for the model, state
+    layout and evaluation (what a PPO run warm-started from this checkpoint reads back)."""
 
-    def __init__(self, cfg: Config, core: PPOTrainer):
-        self.cfg, self.core = cfg, core
-        self.policy, self.graphdef = core.policy, core.graphdef
+    def __init__(self, cfg: Config, core: Fused):
+        self.cfg, self.core, self.env = cfg, core, core.algorithm.env
+        self.policy, self.graphdef = core.algorithm.policy, core.algorithm.graphdef
         self.placement = core.placement
         self.tx = cloning.sft_optimizer(cfg)
         self.data = None
@@ -84,7 +84,7 @@ class VLASFTTrainer(Trainer):
     def compile(self, ts: TrainState, eval_key) -> None:
         """Collects the demonstrations (timed as the run's ``time/demo_sec``)."""
         sft, seed = self.cfg.sft, self.cfg.runner.seed
-        data = visits.expert_demos(self.core.env, sft.num_demos, seed)
+        data = visits.expert_demos(self.env, sft.num_demos, seed)
         self.num_examples = len(data["action"])
         self.batch_size = min(sft.batch_size, self.num_examples)
         self.dagger_steps_at = self._dagger_schedule()
@@ -93,12 +93,12 @@ class VLASFTTrainer(Trainer):
             self.rows = None  # every step draws distinct demo steps, as without DAgger
         else:
             self.capacity = visits.dagger_capacity(
-                self.core.env, self.num_examples, len(self.dagger_steps_at), sft.dagger_episodes
+                self.env, self.num_examples, len(self.dagger_steps_at), sft.dagger_episodes
             )
             self.demos = {k: data[k] for k in visits.STEP_KEYS}
             self.data = cloning.pad_steps(self.policy, self.demos, self.capacity)
             self.rows = jnp.int32(self.num_examples)
-            self._visit = visits.policy_visitor(self.core.env, self.policy, self.graphdef, greedy=True)
+            self._visit = visits.policy_visitor(self.env, self.policy, self.graphdef, greedy=True)
         self.rounds_done = 0
         steps = functools.partial(cloning_steps, self.graphdef, self.tx, self.batch_size)
         self._steps = jax.jit(steps, donate_argnums=0)
@@ -112,7 +112,7 @@ class VLASFTTrainer(Trainer):
         """Adds one round of the current policy's visited states, labelled by the expert."""
         r = self.rounds_done = self.rounds_done + 1
         new, success = visits.dagger_data(
-            self.core.env, self._visit, ts.params, self.cfg.sft.dagger_episodes, self.cfg.runner.seed * 1000 + r
+            self.env, self._visit, ts.params, self.cfg.sft.dagger_episodes, self.cfg.runner.seed * 1000 + r
         )
         self.demos = {k: np.concatenate([self.demos[k], new[k]]) for k in self.demos}
         self.data = cloning.pad_steps(self.policy, self.demos, self.capacity)

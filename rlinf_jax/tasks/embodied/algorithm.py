@@ -1,10 +1,11 @@
-"""The fused embodied trainer: env, rollout and actor collocated, a chunk of iterations in one
-`jax.jit` (the PureJaxRL / Brax way: no host round trip between iterations).
+"""Embodied PPO as an `Algorithm` (`flow.algorithm`): what every runner builds on.
 
-The env batch is sharded over the mesh's batch axes and parameters laid out by the
-partition rules, so the same program runs on 1 or N devices. The maths is `ppo`'s; this
-class holds what is static (envs, model graph, optimiser, compiled programs) and offers the
-host loop's trainer protocol (`rlinf_jax.flow.trainer.Trainer`).
+The maths is `ppo`'s pure functions; `PPO` holds what is static (envs, model graph,
+optimiser, the mesh) and offers them as the contract's parts: a state of step 0, where each
+leaf lives (the env batch split over the mesh's batch axes, parameters laid out by the
+partition rules), a chunk of iterations, an evaluation. `flow.fused.Fused` jits the chunk
+(one program for the collocated layout), `flow.seeds.SeedBatch` vmaps it over seeds, and the
+staged and host runners call `learn` and `policy_fn` stage by stage.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from rlinf_jax.algos import get_advantage, get_policy_loss
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.base import reports_success
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import FusedTrainer
+from rlinf_jax.flow.algorithm import Algorithm
 from rlinf_jax.rollout import episode_frames, evaluate_from, evaluate_policy
 from rlinf_jax.runtime.media import image_strip
-from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, param_shardings, rules_from_config
+from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, rules_from_config
 from rlinf_jax.sharding.mesh import batch_shardings, replicated
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
@@ -52,14 +53,14 @@ def check_batch(cfg: Config, setup: Setup, mesh, evaluates: bool = True) -> None
         )
 
 
-class PPOTrainer(FusedTrainer):
-    """``placement``: the run's layout (all collocated on ``mesh``), None where the trainer
-    serves as a staged runner's learner half or as the planner's stand-in; ``evaluates``
-    False for a learner that never runs the evaluation (a dynamic update phase's)."""
+class PPO(Algorithm):
+    """PPO (and its group-advantage kin) on ``mesh``; ``evaluates`` False for a learner that
+    never runs the evaluation (a dynamic update phase's), whose eval envs need not split
+    over the mesh."""
 
-    def __init__(self, cfg: Config, setup: Setup, mesh, placement: Placement | None = None, evaluates: bool = True):
+    def __init__(self, cfg: Config, setup: Setup, mesh, evaluates: bool = True):
         check_batch(cfg, setup, mesh, evaluates)
-        self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
+        self.cfg, self.mesh, self.setup = cfg, mesh, setup
         self._frames_fns: dict = {}
         self.env, self.eval_env, self.policy = setup.env, setup.eval_env, setup.policy
         self.graphdef, self._init_params = setup.graphdef, setup.params
@@ -79,9 +80,7 @@ class PPOTrainer(FusedTrainer):
             self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
             mb_sharding,
         )
-        # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
-        self.chunk_fn = functools.partial(ppo.run_chunk, self.env, self.learner)
-        self.fuse()
+        self.freeze()
 
     # ----------------------------------------------------------------- state
     def fresh_state(self, seed: int | None = None) -> TrainState:
@@ -111,6 +110,10 @@ class PPOTrainer(FusedTrainer):
         return rest.replace(
             params=params, opt_state=opt_state, env_state=batch_shardings(ts.env_state, self.mesh, self.env.num_envs)
         )
+
+    # ----------------------------------------------------------- pure programs
+    def chunk(self, ts: TrainState, num_iterations):
+        return ppo.run_chunk(self.env, self.learner, ts, num_iterations)
 
     # ------------------------------------------------------ what stages call
     def learn(self, ts: TrainState, traj, last_obs, key):
@@ -157,7 +160,7 @@ class PPOTrainer(FusedTrainer):
                 lambda p, s, k: episode_frames(self.eval_env, self.deterministic(p, s), k, num_steps))
         return run(params, stats, key)
 
-    def _evaluate(self, params, stats, key):
+    def evaluate(self, params, stats, key):
         policy = self.deterministic(params, stats)
 
         def place(state):

@@ -1,13 +1,16 @@
-"""The fused off-policy trainer: env steps, replay inserts and gradient steps of a chunk of
-iterations in one `jax.jit`, the env batch and the replay buffer's rows sharded over the
-mesh's batch axes (each device steps its envs and keeps their transitions), parameters
-replicated. The maths is `learner`'s; this class holds what is static and offers the host
-loop's trainer protocol (`rlinf_jax.flow.trainer.Trainer`)."""
+"""The off-policy family (SAC, CrossQ, RLPD, IQL) as an `Algorithm` (`flow.algorithm`).
+
+The maths is `learner`'s pure functions; `OffPolicy` holds what is static (envs, networks'
+graphs, optimisers, the mesh) and offers the contract's parts: a state of step 0 with its
+replay buffer, where each leaf lives (the env batch and the buffer's rows split over the
+mesh's batch axes, so each device steps its envs and keeps their transitions; parameters
+replicated), a chunk of iterations (env steps, inserts and gradient steps), an evaluation.
+`flow.fused.Fused` jits the chunk, `flow.seeds.SeedBatch` vmaps it over seeds, and the
+staged and host runners call `learner`'s finer steps with this object's learner."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +21,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.trainer import FusedTrainer
+from rlinf_jax.flow.algorithm import Algorithm
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
 from rlinf_jax.rollout import evaluate_policy
-from rlinf_jax.sharding import Placement, batch_divisor, batch_sharding, replicate
+from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate
 from rlinf_jax.sharding.mesh import batch_shardings, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
@@ -80,16 +83,15 @@ def empty_replay(learner: lib.Learner, setup: OffPolicySetup, obs, action_size: 
     return replay
 
 
-class OffPolicyTrainer(FusedTrainer):
-    """``placement``: the run's layout (all collocated on ``mesh``), None where the trainer
-    serves as a staged runner's learner half or as the planner's stand-in."""
+class OffPolicy(Algorithm):
+    """The algorithm ``cfg.algorithm.name`` names, its state laid out on ``mesh``."""
 
-    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh, placement: Placement | None = None):
+    def __init__(self, cfg: Config, setup: OffPolicySetup, mesh):
         n = batch_divisor(mesh)
         for name, env in (("env.num_envs", setup.env), ("env.num_eval_envs", setup.eval_env)):
             if env.num_envs % n:
                 raise BadInput(f"{name}={env.num_envs} is not divisible by the {n} devices of the mesh; use a multiple of {n}")
-        self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
+        self.cfg, self.mesh, self.setup = cfg, mesh, setup
         self.env, self.eval_env = setup.env, setup.eval_env
         self.learner = dataclasses.replace(setup.learner, batch_sharding=replicated(mesh))
         s = self.learner.settings
@@ -100,10 +102,8 @@ class OffPolicyTrainer(FusedTrainer):
         self.demos = None
         if s.demo_batch:
             self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh)
-        # Pure programs (a seed batch vmaps them): chunk_fn(state, *chunk_args, n), eval_fn(state, key).
-        self.chunk_fn = functools.partial(lib.run_chunk, self.env, self.learner)
         self.chunk_args = (self.demos,)
-        self.fuse()
+        self.freeze()
 
     # ----------------------------------------------------------------- state
     def fresh_state(self, seed: int | None = None) -> OffPolicyState:
@@ -128,7 +128,11 @@ class OffPolicyTrainer(FusedTrainer):
                                    current_index=rep, is_full=rep)
         return rest.replace(env_state=batch_shardings(ts.env_state, self.mesh, n), replay=replay)
 
-    # ---------------------------------------------------------- trainer protocol
+    # ----------------------------------------------------------- pure programs
+    def chunk(self, ts: OffPolicyState, demos, num_iterations):
+        return lib.run_chunk(self.env, self.learner, ts, demos, num_iterations)
+
+    # ---------------------------------------------------------- host side
     def snapshot(self, ts: OffPolicyState):
         # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
         return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
@@ -157,7 +161,7 @@ class OffPolicyTrainer(FusedTrainer):
         """The deterministic policy ``obs -> action`` of the given parameters."""
         return lib.greedy(self.learner, actor_params, stats)
 
-    def _evaluate(self, actor_params, stats, key):
+    def evaluate(self, actor_params, stats, key):
         policy = self.policy(actor_params, stats)
 
         def place(state):
