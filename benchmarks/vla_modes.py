@@ -8,8 +8,9 @@ differs. Rendering and physics (env) and the VLA's forward pass (rollout) are bo
 here, which is the case RLinf's pipelining is for.
 
 The last line of stdout is one JSON object: per device count every mode's env-steps/s
-(control sub-steps), and ``ratio`` = best pipelined mode / collocated (the smallest over
-the device counts at top level).
+(control sub-steps), each fixed layout's ratio to collocated, and ``ratio`` = the on-policy
+disaggregated layout / collocated, the same algorithm in both (the smallest over the device
+counts at top level); the stale layouts are labelled rows of their own.
 
     python benchmarks/vla_modes.py                      # 2 and 8 devices
     python benchmarks/vla_modes.py --devices 2 --iterations 4 env.num_envs=32
