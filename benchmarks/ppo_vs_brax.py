@@ -1,10 +1,15 @@
 #!/usr/bin/env python
 """PPO throughput and time-to-threshold: Brax's own PPO trainer vs. ``rlinf_jax``.
 
-Both trainers run in this one process, on the same env (``brax.envs``), the same
-backend, the same XLA flags and the same devices, with the same hyperparameters, one
-after the other in a fixed order (``--order``; with ``--repeats`` the order alternates;
-printed). For each side the script reports
+By default every training run is a process of its own (``--processes own``), started as
+each side's users start it: Brax's with the environment as it is, ours with the XLA flags
+``python -m rlinf_jax.train`` sets. Neither side finds the other's programs compiled or
+its caches warm. Both use every core of the machine, on the same env (``brax.envs``),
+backend and devices, with the same hyperparameters, in a fixed order (``--order``; with
+``--repeats`` the order alternates, and each figure is the median over its side's runs).
+``--processes one`` runs both sides in this process with the same XLA flags instead; there
+the second side finds the first one's setup programs compiled (a warmer start).
+For each side the script reports
 
 * ``steady_steps_per_sec``: env steps of the training epochs/chunks after the first
   divided by their wall time (compile, the first epoch and all evaluations excluded);
@@ -23,15 +28,9 @@ human-readable progress.
 
 Examples::
 
-    python benchmarks/ppo_vs_brax.py                          # inverted_pendulum defaults
+    python benchmarks/ppo_vs_brax.py --repeats 3              # inverted_pendulum, A B A B A B, medians
     python benchmarks/ppo_vs_brax.py --env ant                # ant on mjx, scaled to a CPU
-    python benchmarks/ppo_vs_brax.py --devices 2 --only ours  # 2 forced host devices
-    python benchmarks/ppo_vs_brax.py --processes own --repeats 2   # each run in a fresh process
-
-``--processes own`` runs every training run in a process of its own, each side with its
-own defaults (Brax's: the environment as it is, as a Brax user starts it; ours: the XLA
-flags ``python -m rlinf_jax.train`` starts JAX with), instead of both in one process with
-the same flags.
+    python benchmarks/ppo_vs_brax.py --processes one --devices 2 --only ours  # 2 forced host devices
 
 Hyperparameter mapping (Brax ``ppo.train`` argument -> our config key)
 -----------------------------------------------------------------------
@@ -109,7 +108,7 @@ removed. ``_install_device_put_replicated_shim`` puts back an equivalent built f
 public APIs (see there); the script prints a line when it is installed.
 
 Only ``rlinf_jax`` library APIs are used for our side (``Config``, ``build_trainer``,
-``PPOTrainer.init / run_chunk / evaluate / summarize``); not the CLI or run directory.
+the fused runner's ``init / run_chunk / evaluate / summarize``); not the CLI or run directory.
 """
 
 from __future__ import annotations
@@ -227,9 +226,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--processes",
         choices=("one", "own"),
-        default="one",
-        help="one: both sides in this process with the same XLA flags; own: every run in a fresh process with "
-        "its side's own defaults (Brax: the environment as it is; ours: what rlinf_jax.train sets)",
+        default="own",
+        help="own (default): every run in a fresh process with its side's own defaults (Brax: the environment as "
+        "it is; ours: what rlinf_jax.train sets); one: both sides in this process with the same XLA flags",
     )
     p.add_argument(
         "--brax-bootstrap-on-timeout",
@@ -545,6 +544,7 @@ def main(argv=None) -> int:
     out = {
         "env": args.env,
         "backend": args.backend,
+        "processes": "one",
         "devices": jax.device_count(),
         "platform": jax.devices()[0].platform,
         "order": schedule,
@@ -600,12 +600,16 @@ def main_own_processes(args, argv: list[str]) -> int:
         "ratio_median_epoch": ratio("steady_steps_per_sec_median_epoch"),
         "ratio": ratio("steady_steps_per_sec"),
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
+        "peer": "brax.training.agents.ppo.train.train with its defaults for everything the mapping above does "
+                "not set; its own process, the environment as it is",
+        "pinning": "none: each process on every core, one process at a time",
     }
     # No JAX in this process: a share of the peak only with --peak-gflops.
     out.update(flops_keys(results, args.peak_gflops * 1e9 if args.peak_gflops else None))
     if "ours" in results and "brax" in results:
         log(f"ratio (ours/brax steady steps/s, own processes): {out['ratio']} | time_to_threshold_ratio: "
             f"{out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")
+    warn_regressions("ppo_vs_brax", out)
     print(json.dumps(out), flush=True)
     return 0
 
