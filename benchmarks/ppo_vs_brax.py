@@ -603,6 +603,8 @@ def main_own_processes(args, argv: list[str]) -> int:
         "peer": "brax.training.agents.ppo.train.train with its defaults for everything the mapping above does "
                 "not set; its own process, the environment as it is",
         "pinning": "none: each process on every core, one process at a time",
+        "threads": "XLA's defaults on both sides (the same CPU backend)",
+        "precision": "float32 on both sides",
     }
     # No JAX in this process: a share of the peak only with --peak-gflops.
     out.update(flops_keys(results, args.peak_gflops * 1e9 if args.peak_gflops else None))

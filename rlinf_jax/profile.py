@@ -305,7 +305,8 @@ def sac_stages(overrides, peaks, repeats) -> list[dict]:
     ts = trainer.init()
     algorithm = trainer.algorithm
     # Past the random warm-up, so the timed iteration takes its gradient steps.
-    warm = algorithm.cfg.algorithm.learning_starts // (algorithm.env.num_envs * algorithm.cfg.algorithm.rollout_length) + 1
+    a = algorithm.cfg.algorithm
+    warm = a.learning_starts // (algorithm.env.num_envs * a.rollout_length) + 1
     ts, _ = trainer.run_chunk(ts, algorithm.demos, jnp.int32(warm))
 
     def iteration(ts):

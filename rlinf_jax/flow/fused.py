@@ -25,8 +25,7 @@ class Fused(EnvTrainer):
     the runner serves as another runner's learner half or as the planner's stand-in."""
 
     def __init__(self, algorithm: Algorithm, placement: Placement | None = None):
-        self.algorithm, self.placement = algorithm, placement
-        self.cfg, self.mesh = algorithm.cfg, algorithm.mesh
+        self.algorithm, self.placement, self.cfg = algorithm, placement, algorithm.cfg
         # The programs the planner compiles for a target are these very jitted functions.
         self.run_chunk = jax.jit(algorithm.chunk, donate_argnums=0)
         self.evaluate = jax.jit(algorithm.evaluate)

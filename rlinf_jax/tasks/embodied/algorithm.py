@@ -140,15 +140,11 @@ class PPO(Algorithm):
         obs = jax.eval_shape(self.eval_env.reset, jax.random.PRNGKey(0)).obs
         return isinstance(obs, dict) and "image" in obs
 
-    def episode_strip(self, params, stats, key, episodes: int) -> np.ndarray:
-        """The first ``episodes`` deterministic eval episodes as one image: a row each, a
-        frame per policy step (`image_strip`); image envs only."""
-        steps = -(-self.cfg.env.episode_length // max(1, self.substeps))
-        return image_strip(np.asarray(self.episode_frames(params, stats, key, steps))[:, :episodes])
-
     def strip(self, ts: TrainState, key, episodes: int) -> np.ndarray:
-        """`episode_strip` of the policy a runner state holds (what TensorBoard shows)."""
-        return self.episode_strip(ts.params, ts.obs_stats, key, episodes)
+        """The first ``episodes`` deterministic eval episodes of ``ts``'s policy as one image:
+        a row each, a frame per policy step (`image_strip`); image envs only."""
+        steps = -(-self.cfg.env.episode_length // max(1, self.substeps))
+        return image_strip(np.asarray(self.episode_frames(ts.params, ts.obs_stats, key, steps))[:, :episodes])
 
     def episode_frames(self, params, stats, key, num_steps: int):
         """Camera frames ``[num_steps + 1, num_eval_envs, H, W, 3]`` of the deterministic

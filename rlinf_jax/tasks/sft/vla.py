@@ -26,6 +26,7 @@ import numpy as np
 
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
+from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.host_loop import HostLoop, NothingToDo, enable_compilation_cache, open_run_dir
 from rlinf_jax.flow.trainer import Trainer
 from rlinf_jax.envs.tabletop import visits
@@ -34,7 +35,6 @@ from rlinf_jax.tasks.embodied import cloning
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.state import TrainState
-from rlinf_jax.flow.fused import Fused
 from rlinf_jax.tasks.sft.loop import LMRunSummary
 
 
