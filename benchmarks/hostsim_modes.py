@@ -120,15 +120,11 @@ def _mjx_steps_per_sec(env_id: str, num_envs: int, steps: int) -> float:
 def _policy_flops_per_iteration(trainer, state) -> float:
     """The JAX side of one iteration: the policy's inference on every micro-batch at every
     step, and the PPO update. The env workers' simulation (C MuJoCo) is not counted."""
-    import functools
-
-    from rlinf_jax.tasks.embodied import ppo
-
     ts, i32 = state.learner, jax.ShapeDtypeStruct((), jnp.int32)
     infer = roofline.program_flops(trainer._infer, ts.params, ts.obs_stats, trainer._obs_struct(trainer.micro),
                                    ts.key, i32, i32)
     traj, last = trainer.rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
-    learn = roofline.program_flops(functools.partial(ppo.learn, trainer.learner), ts, traj, last, ts.key)
+    learn = roofline.program_flops(trainer.algorithm.learn, ts, traj, last, ts.key)
     return trainer.T * trainer.num_micro * infer + learn
 
 

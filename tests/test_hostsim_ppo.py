@@ -18,6 +18,7 @@ from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.cli.evaluate import main as evaluate_main
 from rlinf_jax.runtime import read_metrics
 from rlinf_jax.cli.train import main as train_main
+from rlinf_jax.flow.seeds import runner_info
 
 pytest.importorskip("gymnasium")
 
@@ -31,6 +32,8 @@ TINY = [
 def _params_after(overrides, iterations=2):
     trainer = build_trainer(load_config("ppo_gym_mujoco", [*TINY, *overrides]))
     assert isinstance(trainer, HostPPO)
+    # The host runner runs the fused runner's algorithm, and placement.json says so.
+    assert runner_info(trainer) == {"runner": "HostPPO", "algorithm": "PPO"}
     try:
         state = trainer.init()
         state, sums = trainer.run_iterations(state, iterations)

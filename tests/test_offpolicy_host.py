@@ -16,6 +16,7 @@ from rlinf_jax.runtime import read_metrics
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.run import build_trainer
 from rlinf_jax.cli.train import main as train_main
+from rlinf_jax.flow.seeds import runner_info
 
 pytest.importorskip("gymnasium")
 
@@ -30,6 +31,7 @@ TINY = [
 def _after(overrides, iterations=3):
     trainer = build_trainer(load_config("sac_gym_mujoco", [*TINY, *overrides]))
     assert isinstance(trainer, HostOffPolicy)
+    assert runner_info(trainer) == {"runner": "HostOffPolicy", "algorithm": "OffPolicy"}
     try:
         state = trainer.init()
         trainer.compile(state, jax.random.PRNGKey(0))

@@ -74,8 +74,8 @@ class EnvTrainer(Trainer):
     """A trainer that steps environments, in any layout (fused, staged, host simulator):
     everything the env-stepping loop reads of it besides `Trainer`."""
 
-    # The algorithm it runs (`flow.algorithm`), set in the constructor; None for a host
-    # simulator's runner, which builds its learner from the algorithm's maths itself.
+    # The algorithm it runs (`flow.algorithm`), set in the constructor; None only for a
+    # trainer that runs none (a test's stand-in).
     algorithm: Algorithm | None = None
     # The layout it runs (what placement.json shows); None for a trainer serving as the core
     # of another one (a staged runner's learner half) or as the planner's stand-in.

@@ -102,6 +102,11 @@ class HostEnv:
         return self.spec.action_size
 
     @property
+    def has_success(self) -> bool:
+        """Whether the env reports success (what `envs.base.reports_success` reads)."""
+        return self.spec.has_success
+
+    @property
     def unwrapped(self):
         return self
 

@@ -10,7 +10,8 @@ With two micro-batches the workers step one half while the policy infers the oth
 (RLinf's ``pipeline_stage_num``); every worker holds envs of both halves, so each half
 is stepped by all of them. With one micro-batch they take turns.
 
-The maths is the fused trainer's: the same `ppo.Learner` and `ppo.learn`, and the policy's
+The maths is the `PPO` algorithm's, as the fused runner runs it: its learner, update and
+acting functions, and the policy's
 keys folded from each env's global index and the step exactly as in `rollout.unroll`,
 with env resets seeded per global env index in the workers, so the number of
 micro-batches or workers changes no number.
@@ -45,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES, get_advantage, get_policy_loss
+from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.envs.host import HostEnvPool
@@ -57,10 +58,9 @@ from rlinf_jax.sharding import (
     Placement, batch_divisor, batch_sharding, component_mesh, fetch, from_process_rows, process_rows, put, replicate,
     replicated, rows_by_process,
 )
-from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
+from rlinf_jax.tasks.embodied.algorithm import PPO, check_batch
 from rlinf_jax.tasks.embodied.setup import Setup
 from rlinf_jax.tasks.embodied.state import TrainState, stats_size
-from rlinf_jax.tasks.embodied.algorithm import check_batch
 from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 
 
@@ -94,7 +94,7 @@ class HostPPO(HostPools, EnvTrainer):
         self.rollout_mesh = component_mesh(placement, "rollout", devices)
         self.moves = self.rollout_mesh != mesh
         self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
-        self.policy, self.graphdef, self._init_params = setup.policy, setup.graphdef, setup.params
+        self.policy, self._init_params = setup.policy, setup.params
         self.warm_start_metrics = setup.warm_start_metrics
         e = cfg.env
         # Both batches live on the rollout's mesh; the update splits the env batch only.
@@ -127,33 +127,24 @@ class HostPPO(HostPools, EnvTrainer):
                     f"env.num_workers={e.num_workers} envs (every worker holds a slice of each)"
                 )
         self.micro = local // self.num_micro
-        self.substeps = e.action_repeat
+        # The algorithm on the actor's mesh: its learner, update and acting functions are the
+        # fused runner's; this runner only steps the envs on the host and feeds them.
+        self.algorithm = algorithm = PPO(cfg, setup, mesh, evaluates=False)
+        self.substeps, self.has_success = algorithm.substeps, algorithm.has_success
+        self.env_steps_per_iteration = algorithm.env_steps_per_iteration
         self.T = cfg.algorithm.rollout_length
-        self.has_success = self.env.spec.has_success
         self.camera = self.env.camera
-        settings = ppo.PPOSettings.from_config(cfg, B, self.substeps, 0)
-        self.env_steps_per_iteration = settings.batch_size * self.substeps
-        self.tx = setup_lib.optimizer(cfg)
-        a = cfg.algorithm
-        mb_sharding = None
-        if settings.minibatch_size % batch_divisor(mesh) == 0:
-            mb_sharding = batch_sharding(mesh, batch_dim=1)
-        self.learner = ppo.Learner(
-            self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
-            mb_sharding,
-        )
-        self.learn = jax.jit(functools.partial(ppo.learn, self.learner), donate_argnums=0)
+        self.learn = jax.jit(algorithm.learn, donate_argnums=0)
         self.infer = jax.jit(self._infer)
         self.act_eval = jax.jit(self._act_eval)
 
     # ------------------------------------------------------------- programs
     def _infer(self, params, stats, obs, rollout_key, t, first_env):
         keys = env_keys(step_keys(rollout_key, self.T)[t], jax.tree.leaves(obs)[0].shape[0], first_env)
-        return ppo.acting(self.learner, params, stats)(obs, keys)
+        return self.algorithm.policy_fn(params, stats)(obs, keys)
 
     def _act_eval(self, params, stats, obs):
-        model = self.learner.model(params)
-        return self.policy.act_deterministic(model, ppo.normalize(self.learner.settings, stats, obs))
+        return self.algorithm.deterministic(params, stats)(obs)
 
     # --------------------------------------------------------- observations
     def _obs_spec(self):
@@ -193,7 +184,7 @@ class HostPPO(HostPools, EnvTrainer):
         params = jax.tree.map(jnp.copy, self._init_params)
         return TrainState(
             params=params,
-            opt_state=self.tx.init(params),
+            opt_state=self.algorithm.tx.init(params),
             obs_stats=normalization.init_stats(stats_size(self.env, self.policy.normalizable_observations)),
             env_state={"episode_index": np.zeros(self.env.num_envs, np.int32)},
             key=key,
@@ -368,7 +359,7 @@ class HostPPO(HostPools, EnvTrainer):
         return lambda obs: self._act_eval(params, stats, obs)
 
     def policy_fn(self, params, stats):
-        return ppo.acting(self.learner, params, stats)
+        return self.algorithm.policy_fn(params, stats)
 
     def evaluate(self, params, stats, key) -> dict:
         """One deterministic episode per eval env, each from a seed drawn from ``key``."""
@@ -385,4 +376,4 @@ class HostPPO(HostPools, EnvTrainer):
         return out
 
     def summarize(self, sums, n):
-        return ppo.summarize(sums, n, self.substeps, self.has_success)
+        return self.algorithm.summarize(sums, n)

@@ -20,7 +20,6 @@ for bit.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ import numpy as np
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.trainer import EnvTrainer
-from rlinf_jax.replay import TransitionBatch, TransitionDataset
+from rlinf_jax.replay import TransitionBatch
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.rollout import env_keys
 from rlinf_jax.sharding import Placement, component_mesh, fetch, from_process_rows, process_rows, put, replicate
@@ -40,7 +39,7 @@ from rlinf_jax.tasks.env_rl.pools import HostPools, local_copy
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup
-from rlinf_jax.tasks.offpolicy.algorithm import empty_replay, initial_state
+from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy, empty_replay, initial_state
 
 # What the learner and the logs read of the pool after each env step.
 STEP_ARRAYS = ("done", "truncated", "reward", "final_obs", "obs", "episode_return", "episode_length")
@@ -74,12 +73,14 @@ class HostOffPolicy(HostPools, EnvTrainer):
             raise BadInput("algorithm.offline_iterations: offline learning needs no simulator; train iql on a JAX env")
         self.cfg, self.mesh, self.setup, self.placement = cfg, mesh, setup, placement
         self.env, self.eval_env = setup.env, setup.eval_env  # `HostEnv`s: sizes and worker spec
-        self.learner = learner = dataclasses.replace(setup.learner, batch_sharding=replicated(mesh))
+        # The algorithm on the learner's device(s): its learner's steps are the fused
+        # runner's; this runner only steps the envs on the host between them.
+        self.algorithm = algorithm = OffPolicy(cfg, setup, mesh)
+        self.learner = learner = algorithm.learner
         s = learner.settings
-        self.substeps = cfg.env.action_repeat
-        self.env_steps_per_iteration = s.num_envs * s.rollout_length * self.substeps
-        self.grad_steps_per_iteration = s.rollout_length * s.utd_ratio
-        self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh) if s.demo_batch else None
+        self.substeps, self.demos = algorithm.substeps, algorithm.demos
+        self.env_steps_per_iteration = algorithm.env_steps_per_iteration
+        self.grad_steps_per_iteration = algorithm.grad_steps_per_iteration
         num_envs = s.num_envs
         # Across hosts each process steps the envs of its rows and every process learns the
         # same step on the whole batch (the learner replicated, one device per host): the
@@ -100,7 +101,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
         self._keys = jax.jit(lambda key: lib.iteration_keys(key, s.rollout_length))
         self._finish = jax.jit(lambda ts, sums, key: lib.finish_iteration(learner, ts, sums, key, ts.actor,
                                                                           ts.obs_stats))
-        self._greedy = jax.jit(lambda params, stats, obs: lib.greedy(learner, params, stats)(obs))
+        self._greedy = jax.jit(lambda params, stats, obs: algorithm.policy(params, stats)(obs))
         # An iteration's zero sums: traced once (untraced, finding their shapes retraces the learner every iteration).
         self._zero_metrics = jax.jit(lambda ts, demos: lib.zero_metrics(learner, ts, demos))
 
@@ -129,9 +130,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
         return HostOffPolicyState(learner=learner, obs=self._joined({"obs": self.pool.arrays["obs"]})["obs"])
 
     def snapshot(self, s: HostOffPolicyState) -> OffPolicyState:
-        ts = s.learner.replace(env_state={"episode_index": self.env_counters()})
-        # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
-        return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
+        return self.algorithm.snapshot(s.learner.replace(env_state={"episode_index": self.env_counters()}))
 
     def progress(self, s: HostOffPolicyState) -> tuple[int, int]:
         return int(s.learner.step), int(s.learner.bad_iterations)
@@ -153,7 +152,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
             self._greedy = self._greedy.lower(ts.actor, ts.obs_stats, eval_obs).compile()
 
     def meta(self) -> dict:
-        return {"algorithm": self.learner.settings.algorithm}
+        return self.algorithm.meta()
 
     # ----------------------------------------------------------------- iterations
     def _joined(self, rows: dict) -> dict:
@@ -205,7 +204,7 @@ class HostOffPolicy(HostPools, EnvTrainer):
         return sums
 
     def summarize(self, sums: dict, n: int) -> dict[str, float]:
-        return lib.summarize(sums, n, self.learner.settings.rollout_length, self.substeps)
+        return self.algorithm.summarize(sums, n)
 
     # -------------------------------------------------------------- evaluation
     def policy(self, actor_params, stats):
