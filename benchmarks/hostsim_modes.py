@@ -124,7 +124,7 @@ def _policy_flops_per_iteration(trainer, state) -> float:
     infer = roofline.program_flops(trainer._infer, ts.params, ts.obs_stats, trainer._obs_struct(trainer.micro),
                                    ts.key, i32, i32)
     traj, last = trainer.rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
-    learn = roofline.program_flops(trainer.algorithm.learn, ts, traj, last, ts.key)
+    learn = roofline.program_flops(trainer.algorithm.update, ts, traj, last, ts.key)
     return trainer.T * trainer.num_micro * infer + learn
 
 

@@ -1,4 +1,4 @@
-"""The staged flow: channels, placement equality, staleness, resume, placement.json."""
+"""The runners over algorithms: the contract, placement equality, staleness, resume, placement.json."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rlinf_jax.config import load_config
-from rlinf_jax.flow.channel import Channel, ChannelEmpty, ChannelFull, TooStale
 from rlinf_jax.flow.algorithm import Algorithm
 from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.seeds import SeedBatch
+from rlinf_jax.flow.staged import Staged
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement, candidates, profile
@@ -23,10 +23,8 @@ from rlinf_jax.tasks.embodied.build import build_trainer
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.embodied.setup import make_setup
-from rlinf_jax.tasks.embodied.staged import StagedPPO
 from rlinf_jax.tasks.embodied.algorithm import PPO
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
-from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY
@@ -53,7 +51,12 @@ def test_a_trainer_lacking_a_required_part_says_which_instead_of_returning_none(
                        (fused.init, "HalfAlgorithm does not define fresh_state"),
                        (lambda: fused.start(None), "HalfAlgorithm does not define complete"),
                        (lambda: fused.compile_eval(None, None), "HalfAlgorithm does not define eval_args"),
-                       (lambda: fused.summarize({}, 1), "HalfAlgorithm does not define summarize")):
+                       (lambda: fused.summarize({}, 1), "HalfAlgorithm does not define summarize"),
+                       # The steps the staged runner calls, likewise.
+                       (lambda: fused.algorithm.iteration_keys(None), "HalfAlgorithm does not define iteration_keys"),
+                       (lambda: fused.algorithm.act(None, None, None, 0, 0, 0), "HalfAlgorithm does not define act"),
+                       (lambda: fused.algorithm.learn(None, None, None, 0), "HalfAlgorithm does not define learn"),
+                       (lambda: fused.algorithm.relaid(None), "HalfAlgorithm does not define relaid")):
         with pytest.raises(NotImplementedError, match=what):
             call()
     # The optional parts have their defaults: a cold start, no camera, nothing measured by the layout.
@@ -64,35 +67,8 @@ def test_a_trainer_lacking_a_required_part_says_which_instead_of_returning_none(
         fused.algorithm.mesh = "elsewhere"
     # Every env-stepping runner is written against the contract the loop reads, and the
     # algorithms against theirs.
-    assert all(issubclass(c, EnvTrainer) for c in (Fused, SeedBatch, StagedPPO, HostPPO, StagedOffPolicy, HostOffPolicy))
+    assert all(issubclass(c, EnvTrainer) for c in (Fused, SeedBatch, Staged, HostPPO, HostOffPolicy))
     assert all(issubclass(c, Algorithm) for c in (PPO, OffPolicy))
-
-
-# ------------------------------------------------------------------ channel
-def test_channel_is_bounded_and_fifo():
-    ch = Channel("t", capacity=2, max_staleness=5)
-    ch.put("a", version=0)
-    ch.put("b", version=1)
-    assert ch.full and len(ch) == 2
-    with pytest.raises(ChannelFull):
-        ch.put("c", version=2)
-    assert ch.get(consumer_version=1) == ("a", 1)
-    assert ch.get(consumer_version=3) == ("b", 2)
-    with pytest.raises(ChannelEmpty):
-        ch.get(consumer_version=3)
-    assert ch.stats.puts == 2 and ch.stats.gets == 2 and ch.stats.max_occupancy == 2
-    assert ch.stats.mean_staleness == 1.5 and ch.stats.max_staleness_seen == 2
-
-
-def test_channel_refuses_items_staler_than_allowed():
-    ch = Channel("t", capacity=1, max_staleness=1)
-    ch.put("old", version=3)
-    with pytest.raises(TooStale, match="2 version"):
-        ch.get(consumer_version=5)
-    assert len(ch) == 1  # a refused item stays; nothing is silently dropped
-    assert ch.get(consumer_version=4) == ("old", 1)
-    with pytest.raises(ValueError):
-        Channel("bad", capacity=0)
 
 
 # ---------------------------------------------------- placement equality

@@ -124,7 +124,7 @@ def one_host(tmp_path_factory):
 
 
 def _without_flow(records):
-    # The staged runner's own channel statistics (flow/*), which a collocated run has not.
+    # The staged runner's own staleness statistics (flow/*), which a collocated run has not.
     return [{k: v for k, v in r.items() if not k.startswith("flow/")} for r in records]
 
 
@@ -226,7 +226,7 @@ def test_disaggregated_run_killed_mid_run_restarts_and_matches_one_host(ray_addr
     assert all(r.get("flow/staleness_max", 0.0) == 0.0 for r in got) and "flow/staleness_max" in got[-1]
 
     placement = json.loads((run_dir / "placement.json").read_text())
-    assert placement["mode"] == "disaggregated" and placement["runner"] == "StagedPPO"
+    assert placement["mode"] == "disaggregated" and (placement["runner"], placement["algorithm"]) == ("Staged", "PPO")
     assert placement["components"]["actor"]["devices"] == [4, 5, 6, 7]  # the second host's
     assert placement["components"]["env"]["devices"] == [0, 1]
 

@@ -64,7 +64,7 @@ def _control(nb, got):
 
 def _placement(nb, got):
     assert figures(nb) >= 1  # throughput by layout
-    assert got["runners"] == {"collocated": "Fused", "disaggregated": "StagedPPO", "hybrid": "StagedPPO"}
+    assert got["runners"] == {"collocated": "Fused", "disaggregated": "Staged", "hybrid": "Staged"}
     assert all(got["requested"][m] == m for m in got["requested"])
     env, actor = got["disaggregated_devices"]["env"], got["disaggregated_devices"]["actor"]
     assert env and actor and not set(env) & set(actor)

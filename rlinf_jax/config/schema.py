@@ -343,14 +343,15 @@ class ClusterConfig:
 @dataclass
 class FlowConfig:
     # fused: the whole iteration is one jit per chunk (collocated, on-policy, one
-    # micro-batch); staged: jitted stages on their components' meshes, linked by
-    # channels; auto: fused where it applies, else staged.
+    # micro-batch); staged: jitted stages on their components' meshes (flow.staged);
+    # auto: fused where it applies, else staged.
     runner: str = "auto"
     # The env batch is cut into this many micro-batches that stream through env and
     # rollout, so that on disjoint devices one steps while the other infers.
     num_micro_batches: int = 1
-    # How many policy versions the trajectories the actor trains on may lag behind it:
-    # 0 = strictly on-policy; 1 lets the next rollout overlap the current update.
+    # How many policy versions the experience the learner trains on lags behind it: 0 =
+    # on-policy (every layout the fused runner's numbers); 1 = the rollout of iteration i
+    # acts with the parameters of the start of iteration i-1, so it overlaps the update.
     max_staleness: int = 0
     # Park the actor's optimiser state in host memory (JAX memory kinds) while the
     # rollout runs; worth it when actor and rollout share devices and memory is tight.

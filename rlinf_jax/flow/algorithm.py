@@ -9,8 +9,12 @@ calls; a runner decides how those functions run:
 - `flow.fused.Fused` jits the chunk and the evaluation, one program each, on the
   algorithm's mesh;
 - `flow.seeds.SeedBatch` vmaps the same two functions over a leading seed axis;
-- the staged and host runners of a task call the algorithm's finer pieces (acting, one
-  update) stage by stage, and its state layout and evaluation as they are.
+- `flow.staged.Staged` runs an iteration step by step on component meshes: per batched env
+  step it asks `act` for actions on the rollout's devices and steps the env on the env's,
+  and every `learn_every` steps it hands that `Segment` of experience to `learn` on the
+  learner's (the stepwise parts below);
+- the host runners of a task step host simulators between the same acting and update
+  functions.
 
 So an algorithm written once runs in every runner, and a runner written once takes every
 algorithm. Required parts left out raise `NotImplementedError` naming the class.
@@ -18,7 +22,18 @@ algorithm. Required parts left out raise `NotImplementedError` naming the class.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+from rlinf_jax.sharding.mesh import fetch, replicated
+
+
+class Segment(NamedTuple):
+    """``learn_every`` batched env steps of experience, time-major, as a staged runner hands
+    them to `Algorithm.learn`."""
+
+    env: Any  # `rollout.Transition`: what the env gave ([L, B]; raw_action, logprob, value None)
+    record: Any  # what `act` recorded beside each action ([L, B, ...])
+    last_obs: Any  # the observations after the segment's last step ([B, ...])
 
 
 def missing(obj: Any, what: str) -> NotImplementedError:
@@ -107,3 +122,70 @@ class Algorithm:
     def meta(self) -> dict:
         """JSON metadata a checkpoint carries beside the arrays."""
         return {}
+
+    def add_sums(self, totals: dict, sums: dict) -> dict:
+        """Two iterations' device metrics as one chunk's (summed, unless the algorithm says
+        otherwise for a level such as a buffer's size)."""
+        return {k: totals[k] + sums[k] for k in totals}
+
+    # ------------------------------------------ the steps (the staged runner's parts)
+    # Batched env steps of one iteration, and how many of them each `learn` call takes: the
+    # whole rollout (PPO), or one (the off-policy family learns after every env step).
+    rollout_length: int
+    learn_every: int
+    # The JAX env batch the steps act on, and the iterations at the start of a run that
+    # learn without stepping it (offline RL).
+    env: Any = None
+    offline_iterations: int = 0
+    # The state's fields holding optimiser state: what flow.offload_optimizer parks in host
+    # memory between updates.
+    optimizer_fields: tuple[str, ...] = ()
+
+    def iteration_keys(self, key: Any) -> tuple[Any, Any, Any]:
+        """``(the chain's next key, the acting keys, the learning keys)`` of one iteration,
+        drawn from the state's key: the same draws in every runner."""
+        raise missing(self, "iteration_keys")
+
+    def acting(self, state: Any) -> Any:
+        """What the policy acts with, taken from the learner's ``state`` (parameters and
+        observation statistics)."""
+        raise missing(self, "acting")
+
+    def acting_shardings(self, acting: Any, mesh: Any) -> Any:
+        """Where the rollout keeps ``acting`` on its ``mesh``: replicated unless the
+        algorithm lays its parameters out by rules."""
+        return replicated(mesh)
+
+    def resume_acting(self, state: Any) -> tuple[Any, int]:
+        """``(what a stale rollout acts with first after a restart, how many updates it is
+        behind the learner)``: by default the learner's own parameters (0 behind)."""
+        return self.acting(state), 0
+
+    def act(self, acting: Any, obs: Any, act_keys: Any, t: Any, first_env: Any, env_step: Any) -> tuple[Any, Any]:
+        """Pure: ``(env actions, what to record)`` for the observations of envs ``first_env``
+        onwards at step ``t`` of the iteration, the run's batched env step ``env_step``."""
+        raise missing(self, "act")
+
+    def learn(self, state: Any, segment: Segment, learn_keys: Any, k: Any, *chunk_args: Any) -> tuple[Any, dict]:
+        """Pure: the learner's step on segment ``k`` of the iteration -> ``(state, metrics)``."""
+        raise missing(self, "learn")
+
+    def finish(self, state: Any, sums: dict, key: Any, next_acting: Any) -> tuple[Any, dict]:
+        """Pure: the iteration's bookkeeping after its last `learn`: the chain's next ``key``
+        into the state, and what the rollout acts with next (``next_acting``; None: the
+        state's own `acting`)."""
+        raise missing(self, "finish")
+
+    def offline_iteration(self, state: Any, learn_keys: Any, *chunk_args: Any) -> tuple[Any, dict]:
+        """Pure: an iteration without the env (the first `offline_iterations`)."""
+        raise missing(self, "offline_iteration")
+
+    def env_steps_taken(self, state: Any) -> int:
+        """Batched env steps the run of ``state`` has taken: one rollout per iteration unless
+        the algorithm counts otherwise."""
+        return int(fetch(state.step)) * self.rollout_length
+
+    def relaid(self, mesh: Any) -> Algorithm:
+        """The same algorithm with its state laid out on another ``mesh`` (a dynamic update
+        phase's), never evaluating there."""
+        raise missing(self, "relaid")

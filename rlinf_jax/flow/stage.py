@@ -17,6 +17,10 @@ from jax.sharding import Mesh
 
 from rlinf_jax.sharding import batch_sharding, replicated
 
+# The device components an env-stepping run places: the env batch, the rollout acting on
+# it, and the actor (the learner, with the replay buffer where there is one).
+COMPONENTS = ("env", "rollout", "actor")
+
 
 @dataclass(frozen=True)
 class Stage:

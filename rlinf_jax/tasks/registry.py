@@ -97,14 +97,8 @@ def _no_plan(cfg: Config, devices):
     raise BadInput(f"planning a runner.task={cfg.runner.task} run is not supported yet")
 
 
-def _embodied_components(cfg: Config) -> tuple[str, ...]:
-    from rlinf_jax.tasks.embodied.staged import COMPONENTS
-
-    return COMPONENTS
-
-
-def _offpolicy_components(cfg: Config) -> tuple[str, ...]:
-    from rlinf_jax.tasks.offpolicy.config import COMPONENTS
+def _env_components(cfg: Config) -> tuple[str, ...]:
+    from rlinf_jax.flow.stage import COMPONENTS
 
     return COMPONENTS
 
@@ -137,16 +131,16 @@ class Task:
 
 def _sft_components(cfg: Config) -> tuple[str, ...]:
     # A VLA clones on the embodied layout (collocated); a language model has the actor alone.
-    return _embodied_components(cfg) if cfg.actor.model.kind == "vla" else sft_lm.COMPONENTS
+    return _env_components(cfg) if cfg.actor.model.kind == "vla" else sft_lm.COMPONENTS
 
 
 TASKS: dict[str, Task] = {
     "embodied": Task(
-        "embodied", _embodied_run, _embodied_components, embodied_config.reads, embodied_config.check,
+        "embodied", _embodied_run, _env_components, embodied_config.reads, embodied_config.check,
         "an", plan=_embodied_plan,
     ),
     "offpolicy": Task(
-        "offpolicy", _offpolicy_run, _offpolicy_components, offpolicy_config.reads,
+        "offpolicy", _offpolicy_run, _env_components, offpolicy_config.reads,
         offpolicy_config.check, "an", plan=_offpolicy_plan,
     ),
     "sft": Task("sft", _sft_run, _sft_components, sft_config.reads, sft_config.check, "an", sft_config.resolve_lm,

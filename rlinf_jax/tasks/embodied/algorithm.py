@@ -5,7 +5,8 @@ optimiser, the mesh) and offers them as the contract's parts: a state of step 0,
 leaf lives (the env batch split over the mesh's batch axes, parameters laid out by the
 partition rules), a chunk of iterations, an evaluation. `flow.fused.Fused` jits the chunk
 (one program for the collocated layout), `flow.seeds.SeedBatch` vmaps it over seeds, and the
-staged and host runners call `learn` and `policy_fn` stage by stage.
+staged runner calls its steps (`act`, `learn`) stage by stage, and the host runner `update`
+and `policy_fn` between host env steps.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from rlinf_jax.algos import get_advantage, get_policy_loss
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.base import reports_success
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.algorithm import Algorithm
-from rlinf_jax.rollout import episode_frames, evaluate_from, evaluate_policy
+from rlinf_jax.flow.algorithm import Algorithm, Segment
+from rlinf_jax.rollout import env_keys, episode_frames, evaluate_from, evaluate_policy, step_keys
 from rlinf_jax.runtime.media import image_strip
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, rules_from_config
 from rlinf_jax.sharding.mesh import batch_shardings, replicated
@@ -80,6 +81,9 @@ class PPO(Algorithm):
             self.policy, self.graphdef, self.tx, settings, get_advantage(a.adv_type), get_policy_loss(a.loss_type),
             mb_sharding,
         )
+        # The steps: one segment per iteration, the whole rollout.
+        self.rollout_length = self.learn_every = a.rollout_length
+        self.optimizer_fields = ("opt_state",)
         self.freeze()
 
     # ----------------------------------------------------------------- state
@@ -115,12 +119,43 @@ class PPO(Algorithm):
     def chunk(self, ts: TrainState, num_iterations):
         return ppo.run_chunk(self.env, self.learner, ts, num_iterations)
 
-    # ------------------------------------------------------ what stages call
-    def learn(self, ts: TrainState, traj, last_obs, key):
+    # ------------------------------------------------------------- the steps
+    def update(self, ts: TrainState, traj, last_obs, key):
+        """The learner's half of an iteration on a whole trajectory ``[T, B]``."""
         return ppo.learn(self.learner, ts, traj, last_obs, key)
 
     def policy_fn(self, params, stats):
         return ppo.acting(self.learner, params, stats)
+
+    def iteration_keys(self, key):
+        key, rollout_key, update_key = jax.random.split(key, 3)
+        return key, rollout_key, update_key
+
+    def acting(self, ts: TrainState):
+        return ts.params, ts.obs_stats
+
+    def acting_shardings(self, acting, mesh):
+        """The rollout lays the same weights out by its own mesh (e.g. tensor- rather than
+        FSDP-split); the statistics replicated."""
+        params, stats = acting
+        return param_shardings(params, mesh, self.rules), jax.tree.map(lambda _: replicated(mesh), stats)
+
+    def act(self, acting, obs, rollout_key, t, first_env, env_step):
+        batch = jax.tree.leaves(obs)[0].shape[0]  # observations may be a pytree (image, tokens, ...)
+        keys = env_keys(step_keys(rollout_key, self.rollout_length)[t], batch, first_env)
+        action, *recorded = self.policy_fn(*acting)(obs, keys)
+        return action, tuple(recorded)  # raw action, log-prob[, value]
+
+    def learn(self, ts: TrainState, segment: Segment, update_key, k):
+        raw, logprob, *value = segment.record
+        traj = segment.env.replace(raw_action=raw, logprob=logprob, value=value[0] if value else None)
+        return self.update(ts, traj, segment.last_obs, update_key)
+
+    def finish(self, ts: TrainState, sums: dict, key, next_acting):
+        return ts.replace(key=key), sums
+
+    def relaid(self, mesh) -> PPO:
+        return PPO(self.cfg, self.setup, mesh, evaluates=False)
 
     def summarize(self, sums: dict, num_iterations: int) -> dict[str, float]:
         return ppo.summarize(sums, num_iterations, self.substeps, self.has_success)

@@ -34,6 +34,7 @@ from rlinf_jax.config.schema import Config
 from rlinf_jax.flow.fused import Fused
 from rlinf_jax.errors import BadInput
 from rlinf_jax.sharding import Placement
+from rlinf_jax.sharding.mesh import fetch
 from rlinf_jax.tasks.embodied.layouts import placed_trainer, resolve_embodied_placement
 from rlinf_jax.tasks.embodied.setup import Setup
 
@@ -155,28 +156,25 @@ def profile(cfg: Config, setup: Setup, cand: Candidate, num_devices: int, repeat
         rollout_ms, learn_ms, overlap, both, iteration = f, 0.0, False, None, f
     else:
         def rollout():
-            trainer._produce(state)
-            return state.channel._items[-1][1]
+            return trainer.rollout(state)[0]
 
-        rollout()
-        item, _ = state.channel.get(state.actor_version)
-        state.channel.clear()
-
-        held = {"learner": state.learner}
+        segment, learn_keys = trainer.rollout(state)  # compile
+        # The learner's own copy: its updates donate their state, which the rollout reads.
+        held = {"learner": trainer.start(fetch(trainer.snapshot(state))).learner}
 
         def learn():  # with its moves to the update's devices and back, where it has them
-            held["learner"], metrics = trainer.update(held["learner"], *item)
+            held["learner"], metrics = trainer.update(held["learner"], segment, learn_keys)
             return metrics
 
         learn()  # compile
-        rollout_ms = _timed(lambda: (rollout(), state.channel.clear())[0], repeats)
+        rollout_ms = _timed(rollout, repeats)
         learn_ms = _timed(learn, repeats)
         env_rollout = set(placement.components["env"].devices) | set(placement.components["rollout"].devices)
         overlap = cfg.flow.max_staleness >= 1 and env_rollout.isdisjoint(placement.components["actor"].devices)
         both = None
         if overlap:
             # The update first, then the rollout: the order the staged runner enqueues them.
-            both = _timed(lambda: (learn(), rollout(), state.channel.clear())[:2], repeats)
+            both = _timed(lambda: (learn(), rollout()), repeats)
         iteration = both if overlap else rollout_ms + learn_ms
     steps = trainer.env_steps_per_iteration / (iteration / 1e3)
     return Profile(cand, placement.mode, rollout_ms, learn_ms, overlap, both, iteration, steps), trainer

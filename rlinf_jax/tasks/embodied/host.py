@@ -134,7 +134,7 @@ class HostPPO(HostPools, EnvTrainer):
         self.env_steps_per_iteration = algorithm.env_steps_per_iteration
         self.T = cfg.algorithm.rollout_length
         self.camera = self.env.camera
-        self.learn = jax.jit(algorithm.learn, donate_argnums=0)
+        self.learn = jax.jit(algorithm.update, donate_argnums=0)
         self.infer = jax.jit(self._infer)
         self.act_eval = jax.jit(self._act_eval)
 

@@ -1,6 +1,6 @@
 """An embodied trainer for a given placement: the `PPO` algorithm under the fused runner
-(`flow.fused.Fused`, one jitted chunk) where it applies, the staged `StagedPPO` everywhere
-else, `HostPPO` on a host simulator."""
+(`flow.fused.Fused`, one jitted chunk) where it applies, under the staged runner
+(`flow.staged.Staged`) everywhere else, `HostPPO` on a host simulator."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
+from rlinf_jax.flow.stage import COMPONENTS
+from rlinf_jax.flow.staged import Staged
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement, with_phase
 from rlinf_jax.tasks.embodied.algorithm import PPO
 from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
-from rlinf_jax.tasks.embodied.staged import COMPONENTS, StagedPPO
 
 
 def resolve_embodied_placement(cfg: Config, num_devices: int) -> Placement:
@@ -58,10 +59,10 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
         # A host simulator steps outside jit: its own host-stepped runner, pipelined by
         # flow.num_micro_batches, with the same PPO maths.
         trainer = HostPPO(cfg, setup, placement, devices)
-    elif runners.fused(cfg.flow, placement):
-        trainer = Fused(PPO(cfg, setup, component_mesh(placement, "actor", devices)), placement)
     else:
-        trainer = StagedPPO(cfg, setup, placement, devices)
+        algorithm = PPO(cfg, setup, component_mesh(placement, "actor", devices))
+        fused = runners.fused(cfg.flow, placement)
+        trainer = Fused(algorithm, placement) if fused else Staged(algorithm, placement, devices)
     return seed_batch(trainer, seeds, lambda: why_not_batched(cfg, setup, trainer))
 
 

@@ -36,7 +36,7 @@ from rlinf_jax.rollout import unroll
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.setup import make_setup
-from rlinf_jax.tasks.embodied.staged import COMPONENTS
+from rlinf_jax.flow.stage import COMPONENTS
 from rlinf_jax.tasks.embodied.algorithm import PPO
 
 COMPONENT = "collocated"  # env, rollout and actor share every chip: one component to the planner

@@ -5,8 +5,9 @@ graphs, optimisers, the mesh) and offers the contract's parts: a state of step 0
 replay buffer, where each leaf lives (the env batch and the buffer's rows split over the
 mesh's batch axes, so each device steps its envs and keeps their transitions; parameters
 replicated), a chunk of iterations (env steps, inserts and gradient steps), an evaluation.
-`flow.fused.Fused` jits the chunk, `flow.seeds.SeedBatch` vmaps it over seeds, and the
-staged and host runners call `learner`'s finer steps with this object's learner."""
+`flow.fused.Fused` jits the chunk, `flow.seeds.SeedBatch` vmaps it over seeds,
+`flow.staged.Staged` calls its steps (`act`, then `learn` after every env step), and the
+host runner `learner`'s finer steps with this object's learner."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs import normalization
 from rlinf_jax.errors import BadInput
-from rlinf_jax.flow.algorithm import Algorithm
+from rlinf_jax.flow.algorithm import Algorithm, Segment
 from rlinf_jax.replay import TransitionBatch, TransitionDataset
-from rlinf_jax.rollout import evaluate_policy
+from rlinf_jax.rollout import env_keys, evaluate_policy
 from rlinf_jax.sharding import batch_divisor, batch_sharding, replicate
-from rlinf_jax.sharding.mesh import batch_shardings, replicated
+from rlinf_jax.sharding.mesh import batch_shardings, fetch, replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
 from rlinf_jax.tasks.offpolicy.learner import OffPolicyState
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, seeded
@@ -103,6 +104,10 @@ class OffPolicy(Algorithm):
         if s.demo_batch:
             self.demos = replicate(TransitionDataset.from_arrays(setup.dataset), mesh)
         self.chunk_args = (self.demos,)
+        # The steps: a learner step after every batched env step.
+        self.rollout_length, self.learn_every = s.rollout_length, 1
+        self.offline_iterations = s.offline_iterations
+        self.optimizer_fields = ("actor_opt", "critic_opt", "alpha_opt", "value_opt")
         self.freeze()
 
     # ----------------------------------------------------------------- state
@@ -131,6 +136,46 @@ class OffPolicy(Algorithm):
     # ----------------------------------------------------------- pure programs
     def chunk(self, ts: OffPolicyState, demos, num_iterations):
         return lib.run_chunk(self.env, self.learner, ts, demos, num_iterations)
+
+    # ------------------------------------------------------------- the steps
+    def iteration_keys(self, key):
+        return lib.iteration_keys(key, self.rollout_length)
+
+    def acting(self, ts: OffPolicyState):
+        return ts.actor, ts.obs_stats
+
+    def resume_acting(self, ts: OffPolicyState):
+        """The parameters the state says the rollout acts with next: one iteration old in a
+        stale run (the checkpoint holds them, so such a run resumes exactly)."""
+        return (ts.rollout_actor, ts.rollout_stats), min(int(fetch(ts.step)), 1)
+
+    def act(self, acting, obs, env_keys_, t, first_env, env_step):
+        n = obs.shape[0]
+        warm = lib.warming_up(self.learner, env_step)
+        action = lib.choose_action(self.learner, *acting, obs, env_keys(env_keys_[t], n, first_env), warm)
+        return action, (action, jnp.broadcast_to(warm, (n,)))
+
+    def learn(self, ts: OffPolicyState, segment: Segment, learn_keys, k, demos):
+        step = jax.tree.map(lambda x: x[0], segment.env)  # one env step per segment
+        action, warm = (x[0] for x in segment.record)
+        transition = TransitionBatch(obs=step.obs, action=action, reward=step.reward, next_obs=step.final_obs,
+                                     terminated=step.done * (1.0 - step.truncated))
+        ts, metrics = lib.learn_step(self.learner, ts, transition, demos, learn_keys[k])
+        sums = lib.step_sums(step.reward, step.done, step.episode_return, step.episode_length, warm)
+        return ts, {**metrics, **sums}
+
+    def finish(self, ts: OffPolicyState, sums: dict, key, next_acting):
+        return lib.finish_iteration(self.learner, ts, sums, key, *(self.acting(ts) if next_acting is None else next_acting))
+
+    def offline_iteration(self, ts: OffPolicyState, learn_keys, demos):
+        return lib.offline_iteration(self.learner, ts, demos, learn_keys)
+
+    def env_steps_taken(self, ts: OffPolicyState) -> int:
+        return int(fetch(ts.env_steps))
+
+    def add_sums(self, totals: dict, sums: dict) -> dict:
+        # The buffer's size is a level: the chunk reports the last iteration's.
+        return {**super().add_sums(totals, sums), "rollout/replay_size": sums["rollout/replay_size"]}
 
     # ---------------------------------------------------------- host side
     def snapshot(self, ts: OffPolicyState):

@@ -13,9 +13,6 @@ from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.tasks.env_rl.keys import COMPUTE_DTYPES, ENV, HOST
 
 ALGORITHMS = ("sac", "crossq", "rlpd", "iql")
-# The device components a placement maps; the replay buffer lives with the learner (the
-# actor), on the actor's mesh.
-COMPONENTS = ("env", "rollout", "actor")
 # The algorithms that read a dataset of transitions (algorithm.demo_path).
 WITH_DATA = ("rlpd", "iql")
 CRITIC_NORMS = ("none", "layer", "batch_renorm")

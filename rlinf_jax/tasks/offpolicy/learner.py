@@ -368,14 +368,20 @@ def step_env(env: Env, state, action, warm):
         terminated=nxt.done * (1.0 - nxt.truncated),
     )
     done = nxt.done
-    sums = {
-        "env/return_sum": jnp.sum(info.get("episode_return", jnp.zeros_like(done)) * done),
-        "env/length_sum": jnp.sum(info.get("episode_length", jnp.zeros_like(done)) * done),
-        "env/episodes": jnp.sum(done),
-        "rollout/reward_mean": jnp.mean(nxt.reward),
-        "rollout/random_actions": jnp.asarray(warm, jnp.float32),
-    }
+    sums = step_sums(nxt.reward, done, info.get("episode_return", jnp.zeros_like(done)),
+                     info.get("episode_length", jnp.zeros_like(done)), warm)
     return nxt, transition, sums
+
+
+def step_sums(reward, done, episode_return, episode_length, warm) -> dict:
+    """What one batched env step adds to the iteration's env metrics."""
+    return {
+        "env/return_sum": jnp.sum(episode_return * done),
+        "env/length_sum": jnp.sum(episode_length * done),
+        "env/episodes": jnp.sum(done),
+        "rollout/reward_mean": jnp.mean(reward),
+        "rollout/random_actions": jnp.mean(jnp.asarray(warm, jnp.float32)),
+    }
 
 
 def zero_metrics(learner: Learner, ts, demos):

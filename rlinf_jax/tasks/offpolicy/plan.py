@@ -30,7 +30,7 @@ from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.plan import NotPlanned, Program, Resident, fused_layout, laid_out, param_count
 from rlinf_jax.sharding.mesh import replicated
 from rlinf_jax.tasks.offpolicy import learner as lib
-from rlinf_jax.tasks.offpolicy.config import COMPONENTS
+from rlinf_jax.flow.stage import COMPONENTS
 from rlinf_jax.tasks.offpolicy.setup import make_setup
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 

@@ -13,16 +13,16 @@ from rlinf_jax.flow import runners
 from rlinf_jax.flow.fused import Fused
 from rlinf_jax.flow.host_loop import NothingToDo
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
+from rlinf_jax.flow.stage import COMPONENTS
+from rlinf_jax.flow.staged import Staged
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.tasks.env_rl import loop as env_loop
 from rlinf_jax.tasks.env_rl.summary import RunSummary
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
-from rlinf_jax.tasks.offpolicy.config import COMPONENTS
 from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.plan import programs as plan_programs
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
-from rlinf_jax.tasks.offpolicy.staged import StagedOffPolicy
 
 
 def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=None) -> EnvTrainer:
@@ -50,7 +50,7 @@ def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=No
     elif runners.fused(cfg.flow, placement):
         trainer = Fused(OffPolicy(cfg, setup, component_mesh(placement, "actor", devices)), placement)
     else:
-        trainer = StagedOffPolicy(cfg, setup, placement, devices)
+        trainer = Staged(OffPolicy(cfg, setup, component_mesh(placement, "actor", devices)), placement, devices)
     return seed_batch(trainer, resolve_seeds(cfg.runner), lambda: why_not_batched(cfg, trainer))
 
 
