@@ -189,6 +189,14 @@ def test_staged_run_resumes_exactly_and_accounts_staleness(tmp_path):
     assert records[-1]["flow/staleness_mean"] == pytest.approx(3 / 4)
     placement = json.loads((tmp_path / "stale" / "placement.json").read_text())
     assert placement["mode"] == "collocated"
+    # One chunk of four iterations enqueues each next rollout before the update it overlaps:
+    # the same numbers as four chunks of one.
+    run(_cfg(tmp_path, "stale_chunk", "flow.max_staleness=1", "runner.max_steps=4", "runner.eval_interval=4",
+             "runner.log_interval=4"))
+    (chunk,) = [r for r in read_metrics(tmp_path / "stale_chunk" / "metrics.jsonl") if "flow/staleness_max" in r]
+    for key in ("train/policy_loss", "train/value_loss", "rollout/reward_mean"):
+        assert chunk[key] == pytest.approx(np.mean([r[key] for r in records]), rel=1e-5), key
+    assert chunk["flow/staleness_mean"] == pytest.approx(3 / 4)
 
 
 @pytest.mark.slow

@@ -243,7 +243,8 @@ def _assert_same(a, b, what):
 @pytest.mark.slow
 @pytest.mark.devices(8)
 def test_every_layout_gives_the_same_numbers_on_eight_devices(tmp_path):
-    """One device and eight, fused and staged, collocated, disaggregated and hybrid: the
+    """One device and eight, fused and staged, collocated, disaggregated (also in two
+    micro-batches) and hybrid: the
     same numbers. The asynchronous mode (the rollout one iteration behind) has numbers of
     its own, and the same ones in every layout."""
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=2",
@@ -253,13 +254,15 @@ def test_every_layout_gives_the_same_numbers_on_eight_devices(tmp_path):
         "fused": [],
         "disaggregated": ["cluster.component_placement=disaggregated"],
         "hybrid": ["cluster.component_placement=hybrid"],
+        # The env batch in two micro-batches: keys belong to envs, so no number moves.
+        "micro": ["cluster.component_placement=disaggregated", "flow.num_micro_batches=2"],
         "async_disaggregated": ["cluster.component_placement=disaggregated", "flow.max_staleness=1"],
         "async_hybrid": ["cluster.component_placement=hybrid", "flow.max_staleness=1"],
     }
     for name, extra in runs.items():
         assert main([*common, f"runner.experiment_name={name}", *extra]) == 0, name
     metrics = {name: read_metrics(tmp_path / name) for name in runs}
-    for name in ("one", "disaggregated", "hybrid"):
+    for name in ("one", "disaggregated", "hybrid", "micro"):
         _assert_same(metrics["fused"], metrics[name], name)
     _assert_same(metrics["async_disaggregated"], metrics["async_hybrid"], "async")
     # The lag shows from the second iteration on: the first acts with the initial parameters either way.
@@ -275,7 +278,9 @@ def test_every_layout_gives_the_same_numbers_on_eight_devices(tmp_path):
 @pytest.mark.slow
 @pytest.mark.devices(2)
 def test_an_asynchronous_disaggregated_run_resumes_exactly(tmp_path):
-    """The parameters the rollout acts with (one iteration old) are in the checkpoint."""
+    """The parameters the rollout acts with (one iteration old) are in the checkpoint; and
+    a chunk of two iterations (the second's rollout enqueued before the first's learning)
+    ends where two chunks of one do, bit for bit."""
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.save_interval=2",
               "runner.eval_interval=4", "runner.log_interval=1", "algorithm.learning_starts=64",
               "cluster.component_placement=disaggregated", "flow.max_staleness=1"]
@@ -283,3 +288,5 @@ def test_an_asynchronous_disaggregated_run_resumes_exactly(tmp_path):
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=2"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=4", "runner.resume=auto"]) == 0
     _assert_same_final_state(tmp_path / "straight", tmp_path / "resumed")
+    assert main([*common, "runner.experiment_name=chunked", "runner.max_steps=4", "runner.log_interval=2"]) == 0
+    _assert_same_final_state(tmp_path / "straight", tmp_path / "chunked")

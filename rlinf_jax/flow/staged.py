@@ -18,10 +18,12 @@ learner's devices: the whole rollout for PPO, every single step for the off-poli
   parameters, so every layout gives the fused program's numbers up to float reduction
   order (random keys belong to envs, folded from the global env index, and to iterations,
   never to parts). At 1 the rollout of iteration i acts with the parameters the learner had
-  at the start of iteration i-1. It then needs nothing from the learner's iteration i-1,
-  and on devices of its own it runs while the learner trains (JAX dispatches both without
-  waiting). Which parameters act is fixed by the iteration count, not by timing, so a stale
-  run is as reproducible as any other, with numbers of its own.
+  at the start of iteration i-1. It then needs nothing from the learner's iteration i-1:
+  within a chunk it is enqueued right after that update, and on devices of its own it runs
+  while the learner trains (JAX dispatches both without waiting). A chunk ends with nothing
+  in flight, so its state is a whole checkpoint. Which parameters act is fixed by the
+  iteration count, not by timing, so a stale run is as reproducible as any other, chunked
+  or not, with numbers of its own.
 - **Offload** (``flow.offload_optimizer``): the algorithm's optimiser state rests in host
   memory between updates.
 - **Dynamic scaling** (``cluster.scaling=dynamic``): the learner's state moves onto the
@@ -62,11 +64,12 @@ class StagedState:
 
     learner: Any  # the algorithm's state without its env batch, on the actor's mesh
     env_states: list  # the env batch, one part per micro-batch, on the env mesh
-    acting: Any  # what the rollout acts with, on the rollout mesh
-    lag: int  # learner updates `acting` is behind the learner
+    acting: Any  # what the next rollout acts with, on the rollout mesh
+    lag: int  # learner updates the next rollout's parameters are behind the learner
     key: jax.Array  # the iteration key chain, with the producer (the rollout mesh)
     step: int  # iterations the run has taken
     env_steps: int  # batched env steps the run has taken (what `act` is told)
+    pending: tuple | None = None  # a stale run's next rollout, enqueued within a chunk
     iterations: int = 0  # since this state was started: the staleness accounting's
     lag_sum: int = 0
     lag_max: int = 0
@@ -357,40 +360,73 @@ class Staged(EnvTrainer):
         times): ``(learner, metrics)``."""
         return self._update(learner, self._zeros(learner, segment, learn_keys), segment, learn_keys, 0)
 
-    def _iteration(self, s: StagedState) -> dict:
-        a = self.algorithm
+    def _keys(self, s: StagedState):
+        """The next iteration's ``(acting keys, learning keys, next key)`` off the chain,
+        the last two where the learner reads them."""
         s.key, act_keys, learn_keys = self.keys(s.key)
-        learn_keys, next_key = self.learn.put(learn_keys), self.learn.put(s.key)
+        return act_keys, self.learn.put(learn_keys), self.learn.put(s.key)
+
+    def _produce(self, s: StagedState) -> tuple:
+        """A stale run's whole rollout of one iteration, acting with ``s.acting``: its
+        segments and the keys its learning reads."""
+        act_keys, learn_keys, next_key = self._keys(s)
+        a = self.algorithm
+        segments = [self._segment(s, t0, act_keys) for t0 in range(0, a.rollout_length, a.learn_every)]
+        s.env_steps += a.rollout_length
+        return segments, learn_keys, next_key
+
+    def _iteration(self, s: StagedState, prefetch: bool) -> dict:
+        a, args = self.algorithm, self.update_algorithm.chunk_args
         s.step += 1
         if s.step <= a.offline_iterations:  # learning from the data alone: no env step
-            learner, sums = self.offline(self._unpark(s.learner), learn_keys, *self.update_algorithm.chunk_args)
+            _, learn_keys, next_key = self._keys(s)
+            learner, sums = self.offline(self._unpark(s.learner), learn_keys, *args)
             learner, sums = self.finish(learner, sums, next_key, None)
             s.learner = self._park(learner)
             return sums
-        # A stale rollout acts with what it holds for the whole iteration; the learner's
-        # parameters as they are now (copied: the updates donate theirs) act next iteration.
-        next_acting = jax.tree.map(jnp.copy, a.acting(s.learner)) if self.staleness else None
-        lag = s.lag if self.staleness else 0
-        segments = a.rollout_length // a.learn_every
-        sums = None
-        for k in range(segments):
-            if not self.staleness:
+        if not self.staleness:
+            # On-policy: every segment acts with the learner's newest parameters.
+            act_keys, learn_keys, next_key = self._keys(s)
+            segments = a.rollout_length // a.learn_every
+            sums = None
+            for k in range(segments):
                 s.acting = self._for_rollout(a.acting(s.learner))
-            segment = self._segment(s, k * a.learn_every, act_keys)
-            if sums is None:
-                sums = self._zeros(s.learner, segment, learn_keys)
-            last = (next_key, next_acting) if k == segments - 1 else None
+                segment = self._segment(s, k * a.learn_every, act_keys)
+                if sums is None:
+                    sums = self._zeros(s.learner, segment, learn_keys)
+                last = (next_key, None) if k == segments - 1 else None
+                s.learner, sums = self._update(s.learner, sums, segment, learn_keys, k, last)
+            s.env_steps += a.rollout_length
+            s.iterations += 1
+            return sums
+        # Stale: the rollout of iteration i acts with the parameters of the start of
+        # iteration i-1. `s.acting` holds what the next rollout to be produced acts with;
+        # within a chunk the next iteration's rollout is enqueued right after this
+        # iteration's update, so the rollout's devices never wait for the update (the
+        # host blocks only on moving the newest weights over, after both are enqueued).
+        # A chunk ends with nothing in flight, so its state is a whole checkpoint.
+        if s.pending is None:
+            s.pending = self._produce(s)
+            s.acting = self._for_rollout(a.acting(s.learner))
+        (segments, learn_keys, next_key), s.pending = s.pending, None
+        # What the next rollout acts with, as the state records it (copied: the updates
+        # donate the learner's buffers).
+        next_acting = jax.tree.map(jnp.copy, a.acting(s.learner))
+        sums = self._zeros(s.learner, segments[0], learn_keys)
+        for k, segment in enumerate(segments):
+            last = (next_key, next_acting) if k == len(segments) - 1 else None
             s.learner, sums = self._update(s.learner, sums, segment, learn_keys, k, last)
-        s.env_steps += a.rollout_length
-        if self.staleness:
-            s.acting, s.lag = self._for_rollout(next_acting), 1
-        s.iterations, s.lag_sum, s.lag_max = s.iterations + 1, s.lag_sum + lag, max(s.lag_max, lag)
+        if prefetch:
+            s.pending = self._produce(s)
+            s.acting = self._for_rollout(a.acting(s.learner))
+        s.iterations, s.lag_sum, s.lag_max = s.iterations + 1, s.lag_sum + s.lag, max(s.lag_max, s.lag)
+        s.lag = 1
         return sums
 
     def run_iterations(self, s: StagedState, n: int):
         totals = None
-        for _ in range(n):
-            sums = self._iteration(s)
+        for i in range(n):
+            sums = self._iteration(s, prefetch=i < n - 1)
             totals = sums if totals is None else self.algorithm.add_sums(totals, sums)
         self._flow_stats = {"flow/staleness_mean": s.lag_sum / max(s.iterations, 1),
                             "flow/staleness_max": float(s.lag_max)}
