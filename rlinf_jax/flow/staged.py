@@ -146,6 +146,7 @@ class Staged(EnvTrainer):
         # segment run in one fused scan rather than one enqueued step at a time.
         self.fused_rollout = placement.components["env"] == placement.components["rollout"]
         self._zero_sums = None
+        self._flow_stats: dict[str, float] = {}
 
         learner, rollout, env_mesh = self.update_algorithm, self.meshes["rollout"], self.meshes["env"]
         update_mesh = learner.mesh
@@ -156,9 +157,9 @@ class Staged(EnvTrainer):
         self.step = _Stage.create("step", "env", env_mesh, lambda s, a: env_step(env, s, a, None, None),
                                   donate_argnums=0)
         self.unroll = _Stage.create("unroll", "rollout", rollout, self._unroll, donate_argnums=1)
-        self.stack = _Stage.create("stack", "env", env_mesh, lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
-        self.stack_r = _Stage.create("stack_r", "rollout", rollout,
-                                     lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+        stack = lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
+        self.stack = _Stage.create("stack", "env", env_mesh, stack)
+        self.stack_r = _Stage.create("stack_r", "rollout", rollout, stack)
 
         def learn(state, sums, segment, learn_keys, k, *args):
             state, metrics = learner.learn(state, segment, learn_keys, k, *args)
@@ -215,13 +216,18 @@ class Staged(EnvTrainer):
             acting = jax.tree.map(jnp.copy, acting)
         return reshard(acting, self.algorithm.acting_shardings(acting, self.meshes["rollout"]))
 
+    def _optimizer_to(self, learner, move):
+        """flow.offload_optimizer: ``learner`` with its optimiser state moved by ``move``
+        (`park` to host memory, `unpark` back)."""
+        if not self.offload:
+            return learner
+        return learner.replace(**{f: move(getattr(learner, f)) for f in self.algorithm.optimizer_fields})
+
     def _park(self, learner):
-        fields = self.algorithm.optimizer_fields
-        return learner.replace(**{f: park(getattr(learner, f)) for f in fields}) if self.offload else learner
+        return self._optimizer_to(learner, park)
 
     def _unpark(self, learner):
-        fields = self.algorithm.optimizer_fields
-        return learner.replace(**{f: unpark(getattr(learner, f)) for f in fields}) if self.offload else learner
+        return self._optimizer_to(learner, unpark)
 
     def _switch(self, learner, to: Algorithm):
         """cluster.scaling=dynamic: the learner's state onto ``to``'s mesh (the update's, or
@@ -240,7 +246,7 @@ class Staged(EnvTrainer):
         ts = self.algorithm.complete(restored)
         learner = self.core.place(ts.replace(env_state=None))
         acting, lag = self.algorithm.resume_acting(learner) if self.staleness else (self.algorithm.acting(learner), 0)
-        state = StagedState(
+        return StagedState(
             learner=self._park(learner),
             env_states=self._split_env(ts.env_state),
             acting=self._for_rollout(acting),
@@ -249,7 +255,6 @@ class Staged(EnvTrainer):
             step=int(fetch(learner.step)),
             env_steps=self.algorithm.env_steps_taken(learner),
         )
-        return state
 
     def snapshot(self, s: StagedState):
         return self.algorithm.snapshot(s.learner.replace(env_state=self._join_env(s.env_states)))
@@ -293,7 +298,7 @@ class Staged(EnvTrainer):
         return self.algorithm.warm_start_metrics
 
     def flow_stats(self) -> dict[str, float]:
-        return dict(self._flow_stats) if hasattr(self, "_flow_stats") else {}
+        return dict(self._flow_stats)
 
     # -------------------------------------------------------------- execution
     def _segment(self, s: StagedState, t0: int, act_keys) -> Segment:
@@ -351,9 +356,9 @@ class Staged(EnvTrainer):
     def rollout(self, s: StagedState) -> tuple[Segment, Any]:
         """The first segment of an iteration, acting with the learner's parameters as they
         are, and its learning keys (what auto-placement times)."""
-        s.key, act_keys, learn_keys = self.keys(s.key)
+        act_keys, learn_keys, _ = self._keys(s)
         s.acting = self._for_rollout(self.algorithm.acting(s.learner))
-        return self._segment(s, 0, act_keys), self.learn.put(learn_keys)
+        return self._segment(s, 0, act_keys), learn_keys
 
     def update(self, learner, segment: Segment, learn_keys):
         """The learner's step on the first segment of an iteration (what auto-placement
