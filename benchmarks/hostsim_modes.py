@@ -44,6 +44,7 @@ import numpy as np
 
 from rlinf_jax.config import load_config
 from rlinf_jax.envs.host import HostEnvPool
+from rlinf_jax.flow.algorithm import Segment
 from rlinf_jax.tasks.embodied.build import build_trainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -118,14 +119,14 @@ def _mjx_steps_per_sec(env_id: str, num_envs: int, steps: int) -> float:
 
 
 def _policy_flops_per_iteration(trainer, state) -> float:
-    """The JAX side of one iteration: the policy's inference on every micro-batch at every
+    """The JAX side of one iteration: the policy's acting on every micro-batch at every
     step, and the PPO update. The env workers' simulation (C MuJoCo) is not counted."""
-    ts, i32 = state.learner, jax.ShapeDtypeStruct((), jnp.int32)
-    infer = roofline.program_flops(trainer._infer, ts.params, ts.obs_stats, trainer._obs_struct(trainer.micro),
-                                   ts.key, i32, i32)
-    traj, last = trainer.rollout(state, jax.random.PRNGKey(0))  # one untimed rollout: the update's input
-    learn = roofline.program_flops(trainer.algorithm.update, ts, traj, last, ts.key)
-    return trainer.T * trainer.num_micro * infer + learn
+    ts, i32, a = state.learner, jax.ShapeDtypeStruct((), jnp.int32), trainer.algorithm
+    _, act_keys, learn_keys = a.iteration_keys(ts.key)
+    act = roofline.program_flops(a.act, a.acting(ts), trainer._obs_struct(trainer.micro), act_keys, i32, i32, i32)
+    env, record = trainer.steps(state, act_keys)  # one untimed rollout: the update's input
+    learn = roofline.program_flops(a.learn, ts, Segment(env, record, state.obs), learn_keys, i32)
+    return trainer.T * trainer.num_micro * act + learn
 
 
 def _host_steps_per_sec(trainer, steps: int) -> float:
@@ -171,6 +172,7 @@ def main() -> None:
         for r in range(args.repeats):
             for name, (trainer, state) in built.items():
                 pids = [os.getpid()] + [w.proc.pid for w in trainer.pool.workers]
+                a = trainer.algorithm
 
                 def iterations():
                     _, sums = trainer.run_iterations(state, args.iterations)
@@ -178,7 +180,7 @@ def main() -> None:
 
                 def rollouts():
                     for _ in range(args.iterations):
-                        trainer.rollout(state, jax.random.PRNGKey(r))
+                        trainer.steps(state, a.iteration_keys(jax.random.PRNGKey(r))[1])
 
                 dt, util = _time(iterations, pids)
                 rounds[name]["iter"].append(args.iterations * per_iteration / dt)

@@ -14,17 +14,16 @@ import pytest
 from rlinf_jax.config import load_config
 from rlinf_jax.flow.algorithm import Algorithm
 from rlinf_jax.flow.fused import Fused
+from rlinf_jax.flow.host import Host
 from rlinf_jax.flow.seeds import SeedBatch
 from rlinf_jax.flow.staged import Staged
 from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.tasks.embodied import ppo
 from rlinf_jax.tasks.embodied.auto_placement import Candidate, auto_placement, candidates, profile
 from rlinf_jax.tasks.embodied.build import build_trainer
-from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.run import run
 from rlinf_jax.tasks.embodied.setup import make_setup
 from rlinf_jax.tasks.embodied.algorithm import PPO
-from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.runtime import read_metrics
 from tests.conftest import TINY
@@ -67,7 +66,7 @@ def test_a_trainer_lacking_a_required_part_says_which_instead_of_returning_none(
         fused.algorithm.mesh = "elsewhere"
     # Every env-stepping runner is written against the contract the loop reads, and the
     # algorithms against theirs.
-    assert all(issubclass(c, EnvTrainer) for c in (Fused, SeedBatch, Staged, HostPPO, HostOffPolicy))
+    assert all(issubclass(c, EnvTrainer) for c in (Fused, SeedBatch, Staged, Host))
     assert all(issubclass(c, Algorithm) for c in (PPO, OffPolicy))
 
 

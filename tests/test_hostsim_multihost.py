@@ -120,4 +120,4 @@ def test_sac_on_two_hosts_matches_one_host_across_a_resume(ray_address, tmp_path
     assert ref[-1]["train/gradient_steps"] > 0 and sum(r.get("env/episodes", 0) for r in ref) > 0
     _assert_close(got, ref)
     placement = json.loads((tmp_path / "two_hosts" / "placement.json").read_text())
-    assert placement["runner"] == "HostOffPolicy" and placement["components"]["actor"]["devices"] == [0, 1]
+    assert placement["runner"] == "Host" and placement["components"]["actor"]["devices"] == [0, 1]

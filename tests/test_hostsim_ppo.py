@@ -14,7 +14,7 @@ import pytest
 
 from rlinf_jax.config import load_config
 from rlinf_jax.tasks.embodied.build import build_trainer
-from rlinf_jax.tasks.embodied.host import HostPPO
+from rlinf_jax.flow.host import Host
 from rlinf_jax.cli.evaluate import main as evaluate_main
 from rlinf_jax.runtime import read_metrics
 from rlinf_jax.cli.train import main as train_main
@@ -31,9 +31,9 @@ TINY = [
 
 def _params_after(overrides, iterations=2):
     trainer = build_trainer(load_config("ppo_gym_mujoco", [*TINY, *overrides]))
-    assert isinstance(trainer, HostPPO)
+    assert isinstance(trainer, Host)
     # The host runner runs the fused runner's algorithm, and placement.json says so.
-    assert runner_info(trainer) == {"runner": "HostPPO", "algorithm": "PPO"}
+    assert runner_info(trainer) == {"runner": "Host", "algorithm": "PPO"}
     try:
         state = trainer.init()
         state, sums = trainer.run_iterations(state, iterations)

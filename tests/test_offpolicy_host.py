@@ -1,5 +1,5 @@
-"""The off-policy family on a host simulator (env.suite=gym): the number of workers changes
-no number, checkpoints carry the buffer and the episode counters, the saved actor
+"""The off-policy family on a host simulator (env.suite=gym): the number of workers or of
+micro-batches changes no number, checkpoints carry the buffer and the episode counters, the saved actor
 evaluates, and the settings a host loop cannot honour are one error line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from rlinf_jax.config import load_config
 from rlinf_jax.cli.evaluate import main as evaluate_main
 from rlinf_jax.runtime import read_metrics
-from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
+from rlinf_jax.flow.host import Host
 from rlinf_jax.tasks.offpolicy.run import build_trainer
 from rlinf_jax.cli.train import main as train_main
 from rlinf_jax.flow.seeds import runner_info
@@ -30,8 +30,8 @@ TINY = [
 
 def _after(overrides, iterations=3):
     trainer = build_trainer(load_config("sac_gym_mujoco", [*TINY, *overrides]))
-    assert isinstance(trainer, HostOffPolicy)
-    assert runner_info(trainer) == {"runner": "HostOffPolicy", "algorithm": "OffPolicy"}
+    assert isinstance(trainer, Host)
+    assert runner_info(trainer) == {"runner": "Host", "algorithm": "OffPolicy"}
     try:
         state = trainer.init()
         trainer.compile(state, jax.random.PRNGKey(0))
@@ -43,16 +43,19 @@ def _after(overrides, iterations=3):
         trainer.close()
 
 
-def test_workers_change_no_number():
+def test_workers_and_micro_batches_change_no_number():
     one, m1, e1 = _after(["env.num_workers=1"])
     two, m2, e2 = _after(["env.num_workers=2"])
+    # Two micro-batches of 4 envs, a worker each: the keys belong to envs, not to parts.
+    halves, m3, e3 = _after(["env.num_workers=2", "flow.num_micro_batches=2"])
     # Four random batched steps fill the 32 transitions learning waits for; the fourth's
     # learner step is the first to learn: 1 + 8 steps of 2 gradient steps.
     assert m1["rollout/random_actions"] == 4 and m1["train/gradient_steps"] == 2 + 2 * 4 * 2
     assert m1["rollout/replay_size"] == 3 * 4 * 8
-    for a, b in zip(one, two):
+    for a, b, c in zip(one, two, halves):
         np.testing.assert_array_equal(a, b)
-    assert m1 == m2 and e1 == e2
+        np.testing.assert_array_equal(a, c)
+    assert m1 == m2 == m3 and e1 == e2 == e3
 
 
 @pytest.mark.slow
@@ -115,3 +118,18 @@ def test_the_host_loop_computes_what_the_fused_program_computes(monkeypatch):
             np.testing.assert_allclose(theirs[k], ours[k], rtol=1e-4, atol=1e-6, err_msg=k)
     finally:
         host.close()
+
+
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_two_devices_give_one_devices_numbers():
+    """The learner replicated on two devices, each segment's rows split over them (the host
+    runner's layout for any algorithm): the numbers of one device."""
+    one, m1, e1 = _after(["cluster.num_devices=1"])
+    two, m2, e2 = _after(["cluster.num_devices=2"])
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert m1.keys() == m2.keys()
+    for k in m1:
+        np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert e1 == pytest.approx(e2, rel=1e-5)

@@ -74,8 +74,10 @@ class Algorithm:
         object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------ the state
-    def fresh_state(self, seed: int | None = None) -> Any:
-        """A run's unplaced state of step 0 for ``seed`` (default ``runner.seed``)."""
+    def fresh_state(self, seed: int | None = None, env_state: Any = None) -> Any:
+        """A run's unplaced state of step 0 for ``seed`` (default ``runner.seed``): around
+        ``env_state`` when given (a host simulator's, whose envs reset in their workers),
+        else around the env's reset."""
         raise missing(self, "fresh_state")
 
     def complete(self, restored: Any) -> Any:
@@ -104,6 +106,11 @@ class Algorithm:
     def evaluate(self, *args: Any) -> dict:
         """``evaluate(*eval_args(state), key)``: evaluation metrics (``eval/*``)."""
         raise missing(self, "evaluate")
+
+    def deterministic(self, *eval_args: Any) -> Any:
+        """``obs -> action``: the evaluation's policy (the mode, a greedy decode) of the
+        parameters ``eval_args`` names, for runners that step the eval env themselves."""
+        raise missing(self, "deterministic")
 
     # ------------------------------------------------------------------ host side
     def summarize(self, sums: dict, n: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rlinf_jax.config.schema import EnvConfig
-from rlinf_jax.envs.host.pool import HostEnvSpec, describe
+from rlinf_jax.envs.host.pool import HostEnvPool, HostEnvSpec, describe
 from rlinf_jax.envs.install import resolve_worker_python
 from rlinf_jax.errors import BadInput
 
@@ -105,6 +105,11 @@ class HostEnv:
     def has_success(self) -> bool:
         """Whether the env reports success (what `envs.base.reports_success` reads)."""
         return self.spec.has_success
+
+    def open_pool(self, num_envs: int, num_workers: int, **options) -> HostEnvPool:
+        """Worker processes stepping ``num_envs`` of these envs (`HostEnvPool`'s ``options``:
+        seed, groups, first env, deadlines): a runner starts them without knowing the suite."""
+        return HostEnvPool(self.spec, num_envs, num_workers, **options)
 
     @property
     def unwrapped(self):

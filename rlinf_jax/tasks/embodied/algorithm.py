@@ -87,18 +87,19 @@ class PPO(Algorithm):
         self.freeze()
 
     # ----------------------------------------------------------------- state
-    def fresh_state(self, seed: int | None = None) -> TrainState:
+    def fresh_state(self, seed: int | None = None, env_state=None) -> TrainState:
         """A run's state of step 0, unplaced: the setup's parameters for ``runner.seed``
-        (the default), a fresh model's for another ``seed``."""
+        (the default), a fresh model's for another ``seed``; around ``env_state`` when given
+        (a host simulator's episode counters), else the env's reset."""
         seed = self.cfg.runner.seed if seed is None else seed
         params = self._init_params if seed == self.cfg.runner.seed else setup_lib.fresh_params(self.setup, seed)
         # Fresh buffers: the chunk donates its state, and init() may be called again.
-        return self.state_around(jax.tree.map(jnp.copy, params), seed)
+        return self.state_around(jax.tree.map(jnp.copy, params), seed, env_state)
 
-    def state_around(self, params, seed: int | None = None) -> TrainState:
+    def state_around(self, params, seed: int | None = None, env_state=None) -> TrainState:
         """The state of step 0 around ``params`` (real or abstract: the planner's)."""
         seed = self.cfg.runner.seed if seed is None else seed
-        return fresh_state(seed, self.env, self.policy.normalizable_observations, params, self.tx)
+        return fresh_state(seed, self.env, self.policy.normalizable_observations, params, self.tx, env_state)
 
     def complete(self, restored: TrainState) -> TrainState:
         """A checkpoint's state as the running state (it holds everything), unplaced."""

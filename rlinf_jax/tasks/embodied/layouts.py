@@ -1,22 +1,24 @@
 """An embodied trainer for a given placement: the `PPO` algorithm under the fused runner
 (`flow.fused.Fused`, one jitted chunk) where it applies, under the staged runner
-(`flow.staged.Staged`) everywhere else, `HostPPO` on a host simulator."""
+(`flow.staged.Staged`) everywhere else, the host runner (`flow.host.Host`) on a host
+simulator."""
 
 from __future__ import annotations
 
 import jax
 
+from rlinf_jax.algos import GROUP_OUTCOME_ADVANTAGES
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.fused import Fused
+from rlinf_jax.flow.host import Host
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.flow.stage import COMPONENTS
 from rlinf_jax.flow.staged import Staged
 from rlinf_jax.sharding import Placement, component_mesh, resolve_num_devices, resolve_placement, with_phase
 from rlinf_jax.tasks.embodied.algorithm import PPO
-from rlinf_jax.tasks.embodied.host import HostPPO
 from rlinf_jax.tasks.embodied.setup import Setup
 
 
@@ -56,9 +58,16 @@ def placed_trainer(cfg: Config, setup: Setup, placement: Placement | None = None
             "actor on its own devices; use cluster.scaling=static"
         )
     if is_host_suite(cfg.env):
-        # A host simulator steps outside jit: its own host-stepped runner, pipelined by
-        # flow.num_micro_batches, with the same PPO maths.
-        trainer = HostPPO(cfg, setup, placement, devices)
+        if cfg.algorithm.adv_type in GROUP_OUTCOME_ADVANTAGES:
+            # Groups share a reset state, which a host simulator's seeds per env do not give.
+            raise BadInput(
+                f"algorithm.adv_type={cfg.algorithm.adv_type} needs envs that share resets; host simulators "
+                "(env.suite=gym) run gae-style estimators: set algorithm.adv_type=gae"
+            )
+        # A host simulator steps outside jit: the host runner, pipelined by
+        # flow.num_micro_batches, over the same PPO (the host runner evaluates on the host).
+        algorithm = PPO(cfg, setup, component_mesh(placement, "actor", devices), evaluates=False)
+        trainer = Host(algorithm, placement, devices)
     else:
         algorithm = PPO(cfg, setup, component_mesh(placement, "actor", devices))
         fused = runners.fused(cfg.flow, placement)

@@ -31,11 +31,12 @@ def stats_size(env: Env, normalizable: bool) -> int:
     return env.observation_size if normalizable else 1
 
 
-def fresh_state(seed: int, env: Env, normalizable: bool, params, tx) -> TrainState:
-    """The state of step 0 around ``params``: new optimiser state, reset envs, the seed's key."""
+def fresh_state(seed: int, env: Env, normalizable: bool, params, tx, env_state=None) -> TrainState:
+    """The state of step 0 around ``params``: new optimiser state, reset envs (``env_state``
+    given: a host simulator's, whose envs reset in their workers), the seed's key."""
     key = jax.random.PRNGKey(seed)
     key, reset_key = jax.random.split(key)
-    env_state = jax.jit(env.reset)(reset_key)
+    env_state = jax.jit(env.reset)(reset_key) if env_state is None else env_state
     return TrainState(
         params=params,
         opt_state=tx.init(params),

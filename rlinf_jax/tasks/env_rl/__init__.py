@@ -3,7 +3,6 @@ control and VLA policies; ``runner.task=offpolicy``, SAC / CrossQ / RLPD / IQL):
 share, so that neither task imports the other.
 
 - `keys`: the config keys every env-stepping run reads;
-- `pools`: the worker pools of a host simulator (Gymnasium MuJoCo, robosuite, LIBERO);
 - `summary`: what a finished run reports;
 - `loop`: the host loop of an env-stepping run and its `run` skeleton.
 """

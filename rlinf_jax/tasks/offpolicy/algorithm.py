@@ -111,18 +111,20 @@ class OffPolicy(Algorithm):
         self.freeze()
 
     # ----------------------------------------------------------------- state
-    def fresh_state(self, seed: int | None = None) -> OffPolicyState:
-        """A run's state of step 0, unplaced (``seed`` defaults to ``runner.seed``)."""
+    def fresh_state(self, seed: int | None = None, env_state=None) -> OffPolicyState:
+        """A run's state of step 0, unplaced (``seed`` defaults to ``runner.seed``), around
+        ``env_state`` when given (a host simulator's episode counters), else the env's reset."""
         seed = self.cfg.runner.seed if seed is None else seed
         key = jax.random.PRNGKey(seed)
         key, reset_key = jax.random.split(key)
-        env_state = jax.jit(self.env.reset)(reset_key)
+        env_state = jax.jit(self.env.reset)(reset_key) if env_state is None else env_state
         setup = seeded(self.cfg, self.setup, seed)
-        return initial_state(self.cfg, setup, self.learner, key, env_state, self.empty_replay(env_state))
+        return initial_state(self.cfg, setup, self.learner, key, env_state, self.empty_replay())
 
-    def empty_replay(self, env_state):
+    def empty_replay(self):
         """A new buffer (for iql holding the dataset, which it learns from first)."""
-        return empty_replay(self.learner, self.setup, env_state.obs, self.env.action_size)
+        obs = np.zeros((self.env.num_envs, self.env.observation_size), np.float32)  # its shape, not its values
+        return empty_replay(self.learner, self.setup, obs, self.env.action_size)
 
     def shardings(self, ts: OffPolicyState) -> OffPolicyState:
         """The env batch and the buffer's rows split over the batch axes; the rest replicated
@@ -186,7 +188,7 @@ class OffPolicy(Algorithm):
         """A checkpoint's state as the running state, unplaced: without the buffer
         (``algorithm.replay_in_checkpoint=false``) an empty one."""
         if restored.replay is None:
-            restored = restored.replace(replay=self.empty_replay(restored.env_state))
+            restored = restored.replace(replay=self.empty_replay())
         return restored
 
     def eval_args(self, ts: OffPolicyState) -> tuple:
@@ -202,12 +204,12 @@ class OffPolicy(Algorithm):
         return info
 
     # -------------------------------------------------------------- evaluation
-    def policy(self, actor_params, stats):
+    def deterministic(self, actor_params, stats):
         """The deterministic policy ``obs -> action`` of the given parameters."""
         return lib.greedy(self.learner, actor_params, stats)
 
     def evaluate(self, actor_params, stats, key):
-        policy = self.policy(actor_params, stats)
+        policy = self.deterministic(actor_params, stats)
 
         def place(state):
             bs, rep = batch_sharding(self.mesh), NamedSharding(self.mesh, P())

@@ -11,6 +11,7 @@ from rlinf_jax.envs.host.suite import is_host_suite
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
 from rlinf_jax.flow.fused import Fused
+from rlinf_jax.flow.host import Host
 from rlinf_jax.flow.host_loop import NothingToDo
 from rlinf_jax.flow.seeds import resolve_seeds, seed_batch
 from rlinf_jax.flow.stage import COMPONENTS
@@ -20,7 +21,6 @@ from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_plac
 from rlinf_jax.tasks.env_rl import loop as env_loop
 from rlinf_jax.tasks.env_rl.summary import RunSummary
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
-from rlinf_jax.tasks.offpolicy.host import HostOffPolicy
 from rlinf_jax.tasks.offpolicy.plan import programs as plan_programs
 from rlinf_jax.tasks.offpolicy.setup import OffPolicySetup, make_setup
 
@@ -46,7 +46,7 @@ def build_trainer(cfg: Config, setup: OffPolicySetup | None = None, placement=No
             )
         placement = resolve_placement(cfg.cluster.component_placement, COMPONENTS, num_devices, cfg.cluster.mesh)
     if is_host_suite(cfg.env):
-        trainer = HostOffPolicy(cfg, setup, placement, devices)
+        trainer = Host(OffPolicy(cfg, setup, component_mesh(placement, "actor", devices)), placement, devices)
     elif runners.fused(cfg.flow, placement):
         trainer = Fused(OffPolicy(cfg, setup, component_mesh(placement, "actor", devices)), placement)
     else:

@@ -1,15 +1,16 @@
-"""The worker pools of a trainer on a host simulator (`envs.host.HostEnvPool`): the
-training batch's and the evaluation's, their restarts counted across reopenings, and
-deterministic evaluation episodes. Host PPO and the host off-policy trainer both mix in
-`HostPools`."""
+"""The worker pools of a runner on a host simulator (`envs.host.HostEnvPool`, each opened by
+its env: `HostEnv.open_pool`): the training batch's and the evaluation's, their restarts
+counted across reopenings, and deterministic evaluation episodes. The host runner
+(`flow.host.Host`) mixes in `HostPools`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import numpy as np
 
 from rlinf_jax.config.schema import EnvConfig
-from rlinf_jax.envs.host import HostEnvPool
 from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime.distributed import is_multiprocess
 from rlinf_jax.sharding import fetch, from_process_rows
@@ -34,8 +35,8 @@ class HostPools:
     ``cfg``, ``mesh``, ``env`` and ``eval_env`` (`HostEnv`s), and in a multi-host run
     ``rows`` / ``eval_rows``, this process's ``[lo, hi)`` of each batch."""
 
-    pool: HostEnvPool | None = None
-    eval_pool: HostEnvPool | None = None
+    pool: Any = None  # an `envs.host.HostEnvPool`, once opened
+    eval_pool: Any = None
     _restarts_before = 0
     rows: tuple[int, int] | None = None  # None: every env of the batch
     eval_rows: tuple[int, int] | None = None
@@ -63,8 +64,8 @@ class HostPools:
         self._close_pool("pool")
         if hi == lo:
             return  # a process of a multi-host run that steps no env
-        self.pool = HostEnvPool(
-            self.env.spec, hi - lo, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
+        self.pool = self.env.open_pool(
+            hi - lo, e.num_workers, seed=self.cfg.runner.seed, num_groups=num_groups,
             episode_index=episode_index[lo:hi], first_env=lo, **pool_limits(e),
         )
 
@@ -93,8 +94,8 @@ class HostPools:
         ret, length, alive, success = np.zeros(n), np.zeros(n), np.ones(n), np.zeros(n)
         if n:
             if self.eval_pool is None:
-                self.eval_pool = HostEnvPool(
-                    self.eval_env.spec, n, min(e.num_workers, n), seed=0, first_env=lo, **pool_limits(e),
+                self.eval_pool = self.eval_env.open_pool(
+                    n, min(e.num_workers, n), seed=0, first_env=lo, **pool_limits(e),
                 )
             pool = self.eval_pool
             pool.reset(int(jax.random.randint(key, (), 0, 2**31 - 1)))
