@@ -13,8 +13,8 @@ calls; a runner decides how those functions run:
   step it asks `act` for actions on the rollout's devices and steps the env on the env's,
   and every `learn_every` steps it hands that `Segment` of experience to `learn` on the
   learner's (the stepwise parts below);
-- the host runners of a task step host simulators between the same acting and update
-  functions.
+- `flow.host.Host` runs the same steps with the env stepped by worker processes (a host
+  simulator), between `act` and `learn` calls on the host.
 
 So an algorithm written once runs in every runner, and a runner written once takes every
 algorithm. Required parts left out raise `NotImplementedError` naming the class.

@@ -12,7 +12,7 @@ part left out raises `NotImplementedError` naming the class, never returns None.
 `EnvTrainer` refines it for a trainer that steps environments (embodied PPO, the
 off-policy family) in any layout; the env-stepping loop (`tasks/env_rl/loop.py`) reads that
 and nothing else. The env-stepping trainers are runners over an `flow.algorithm.Algorithm`
-(`flow.fused.Fused`, `flow.seeds.SeedBatch`, a task's staged and host runners).
+(`flow.fused.Fused`, `flow.seeds.SeedBatch`, `flow.staged.Staged`, `flow.host.Host`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ optimiser, the mesh) and offers them as the contract's parts: a state of step 0,
 leaf lives (the env batch split over the mesh's batch axes, parameters laid out by the
 partition rules), a chunk of iterations, an evaluation. `flow.fused.Fused` jits the chunk
 (one program for the collocated layout), `flow.seeds.SeedBatch` vmaps it over seeds, and the
-staged runner calls its steps (`act`, `learn`) stage by stage, and the host runner `update`
-and `policy_fn` between host env steps.
+staged runner calls its steps (`act`, `learn`) stage by stage, and the host runner the same
+steps between host env steps.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ replay buffer, where each leaf lives (the env batch and the buffer's rows split 
 mesh's batch axes, so each device steps its envs and keeps their transitions; parameters
 replicated), a chunk of iterations (env steps, inserts and gradient steps), an evaluation.
 `flow.fused.Fused` jits the chunk, `flow.seeds.SeedBatch` vmaps it over seeds,
-`flow.staged.Staged` calls its steps (`act`, then `learn` after every env step), and the
-host runner `learner`'s finer steps with this object's learner."""
+`flow.staged.Staged` and `flow.host.Host` call its steps (`act`, then `learn` after every
+env step)."""
 
 from __future__ import annotations
 
