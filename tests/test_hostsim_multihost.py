@@ -41,7 +41,7 @@ RUN = [
 ]
 
 
-# SAC on the same simulator: the learner whole on each host's device.
+# SAC on the same simulator: the learner replicated on both hosts' devices.
 SAC = [
     "--config-name", "sac_gym_mujoco",
     "env.num_envs=8", "env.num_eval_envs=4", "env.episode_length=20", "env.num_workers=1",
@@ -105,9 +105,10 @@ def test_env_and_rollout_on_different_hosts_are_refused_in_one_line(ray_address,
 
 @pytest.mark.slow
 def test_sac_on_two_hosts_matches_one_host_across_a_resume(ray_address, tmp_path):
-    """The off-policy family across hosts: each process steps the envs of its rows and every
-    process takes the same learner step on the joined batch (one device per host), so two
-    hosts log one host's numbers, through a resume with the buffer in the checkpoint."""
+    """The off-policy family across hosts: each process steps and acts on the envs of its
+    rows, and the learner, replicated over both hosts' devices, learns from the joined
+    segment, so two hosts log one host's numbers, through a resume with the buffer in the
+    checkpoint."""
     for steps in (2, 3):
         args = [f"runner.max_steps={steps}", "runner.resume=auto", f"runner.output_dir={tmp_path}"]
         proc = subprocess.run([sys.executable, "-m", "rlinf_jax.train", *SAC, *args, "runner.experiment_name=one_host"],
