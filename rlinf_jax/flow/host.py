@@ -104,11 +104,14 @@ class Host(HostPools, EnvTrainer):
         self.warm_start_metrics = algorithm.warm_start_metrics
         self.env_steps_per_iteration = algorithm.env_steps_per_iteration
         B = self.env.num_envs
-        if B % batch_divisor(mesh):
-            raise BadInput(
-                f"env.num_envs={B} is not divisible by the {batch_divisor(mesh)} devices of the actor's mesh; use a "
-                "multiple or place the actor on fewer devices"
-            )
+        for name, n, where in (("env.num_envs", B, mesh), ("env.num_envs", B, self.rollout_mesh),
+                               ("env.num_eval_envs", self.eval_env.num_envs, self.rollout_mesh)):
+            if n % batch_divisor(where):
+                which = "actor's" if where is mesh else "rollout's"
+                raise BadInput(
+                    f"{name}={n} is not divisible by the {batch_divisor(where)} devices of the {which} mesh; use a "
+                    f"multiple or place the {which[:-2]} on fewer devices"
+                )
         env_hosts = {d.process_index for d in component_mesh(placement, "env", devices).devices.flat}
         rollout_hosts = {d.process_index for d in self.rollout_mesh.devices.flat}
         if env_hosts != rollout_hosts:
@@ -278,7 +281,8 @@ class Host(HostPools, EnvTrainer):
                 self._act = self._act.lower(acting, self._obs_struct(self.micro), act_keys, i32, i32, i32).compile()
             if not is_multiprocess():  # across hosts each process acts on its own eval rows, traced for them
                 lo, hi = self.eval_rows
-                self._deterministic = self._deterministic.lower(acting, self._obs_struct(hi - lo)).compile()
+                evaluating = self._for_rollout(tuple(a.eval_args(ts)))
+                self._deterministic = self._deterministic.lower(evaluating, self._obs_struct(hi - lo)).compile()
         sums = self._zero_sums()
         self._learn = self._learn.lower(ts, sums, self._segment_struct(), keys[2], i32, *a.chunk_args).compile()
 

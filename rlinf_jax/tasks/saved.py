@@ -54,7 +54,7 @@ class RestoredPolicy:
 
 
 def first_run(trainer, state):
-    """What holds the policy's functions (the trainer's algorithm; a host simulator's runner
+    """What holds the policy's functions (the trainer's algorithm; a test's stand-in trainer
     holds its own) and the state of one run: for seeds side by side the first seed's."""
     holder = trainer if trainer.algorithm is None else trainer.algorithm
     return holder, unstack(state, 0) if isinstance(trainer, SeedBatch) else state
