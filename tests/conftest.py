@@ -25,23 +25,6 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"rlinf_jax_test_cache_{os.getuid()}")
 )
 
-# The suite is compile-bound: most tests build small programs once and run them for a
-# few steps. LLVM's optimisation of the CPU code is most of XLA's compile time and none
-# of its semantics (XLA's own HLO passes, which decide fusion and summation order, run
-# unchanged, and no fast-math is enabled), so the tests compile at O0: the fast tier took
-# 564 s instead of 739 s from a cold cache on the 2-core CPU. Speed is measured in
-# `benchmarks/`, which run with a user's flags. A flag already in XLA_FLAGS wins.
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
-
-
-def with_test_flags(flags: str) -> str:
-    """``flags`` (an XLA_FLAGS value) with the suite's compile-speed flags it does not set."""
-    have = {f.lstrip("-").split("=", 1)[0] for f in flags.split()}
-    return " ".join([flags.strip(), *(f for f in TEST_XLA_FLAGS if f.lstrip("-").split("=", 1)[0] not in have)]).strip()
-
-
-os.environ["XLA_FLAGS"] = with_test_flags(os.environ.get("XLA_FLAGS", ""))
-
 # Small enough to compile and run in seconds on a 2-core CPU, big enough to learn a little.
 TINY = [
     "env.num_envs=16",
@@ -99,13 +82,12 @@ def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: in
 def clean_env(**extra) -> dict:
     """This process's environment without the settings that pick devices or a Ray cluster."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS", CHILD_DEVICES)}
-    return {**env, "XLA_FLAGS": with_test_flags(""), **extra}
+    return {**env, **extra}
 
 
 def forced_devices_env(n: int, **extra) -> dict:
     """The environment of a process whose JAX sees ``n`` CPU devices."""
-    return clean_env(XLA_FLAGS=with_test_flags(f"--xla_force_host_platform_device_count={n}"), JAX_PLATFORMS="cpu",
-                     **extra)
+    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu", **extra)
 
 
 def pytest_configure(config):
