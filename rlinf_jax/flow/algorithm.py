@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from rlinf_jax.sharding.mesh import fetch, replicated
 
 
@@ -176,6 +180,16 @@ class Algorithm:
     def learn(self, state: Any, segment: Segment, learn_keys: Any, k: Any, *chunk_args: Any) -> tuple[Any, dict]:
         """Pure: the learner's step on segment ``k`` of the iteration -> ``(state, metrics)``."""
         raise missing(self, "learn")
+
+    def zero_sums(self, state: Any, segment: Any, learn_keys: Any):
+        """A jitted ``() -> sums``: `learn`'s metric sums, all zero and replicated on the
+        mesh, where an iteration's sums start before its first segment. The arguments are
+        arrays or `jax.ShapeDtypeStruct`s; only their shapes are read (a parked optimiser
+        state's memory kind is not the update's)."""
+        plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, segment, learn_keys))
+        shapes = jax.eval_shape(self.learn, *plain, np.int32(0), *self.chunk_args)[1]
+        return jax.jit(lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
+                       out_shardings=replicated(self.mesh))
 
     def finish(self, state: Any, sums: dict, key: Any, next_acting: Any) -> tuple[Any, dict]:
         """Pure: the iteration's bookkeeping after its last `learn`: the chain's next ``key``

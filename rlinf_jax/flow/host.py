@@ -263,11 +263,7 @@ class Host(HostPools, EnvTrainer):
         """A jitted ``state -> zero metrics``, on the actor's mesh: where an iteration's sums start."""
         state = jax.eval_shape(self.fresh_state).replace(env_state=None)  # as it runs
         keys = jax.eval_shape(self.algorithm.iteration_keys, state.key)[2]
-        i32 = jax.ShapeDtypeStruct((), jnp.int32)
-        shapes = jax.eval_shape(self.algorithm.learn, state, self._segment_struct(), keys, i32,
-                                *self.algorithm.chunk_args)[1]
-        return jax.jit(lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
-                       out_shardings=replicated(self.mesh))
+        return self.algorithm.zero_sums(state, self._segment_struct(), keys)
 
     def compile(self, s: HostState, eval_key) -> None:
         """The acting, learning and evaluation programs compiled ahead of the first chunk."""

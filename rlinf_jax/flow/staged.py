@@ -330,12 +330,7 @@ class Staged(EnvTrainer):
     def _zeros(self, learner, segment, learn_keys):
         """The learner's metrics of an iteration before its first segment, all zero."""
         if self._zero_sums is None:
-            learn, args = self.update_algorithm.learn, self.update_algorithm.chunk_args
-            # Shapes alone: a parked optimiser state's memory kind is not the update's.
-            plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (learner, segment, learn_keys))
-            shapes = jax.eval_shape(learn, *plain, np.int32(0), *args)[1]
-            self._zero_sums = jax.jit(lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
-                                      out_shardings=replicated(self.update_algorithm.mesh))
+            self._zero_sums = self.update_algorithm.zero_sums(learner, segment, learn_keys)
         return self._zero_sums()
 
     def _update(self, learner, sums, segment, learn_keys, k: int, finish: tuple | None = None):
