@@ -401,7 +401,7 @@ def plan(cfg: Config | str, target: str, overrides: Sequence[str] | dict = (), p
     plans against that much memory per chip instead of the chip's own."""
     import copy
 
-    from rlinf_jax.flow.plan import plan_programs
+    from rlinf_jax.flow.plan import plan_cache, plan_programs
     from rlinf_jax.sharding.targets import GIB, abstract_devices, parse_target
     from rlinf_jax.tasks.registry import task_of
 
@@ -418,7 +418,8 @@ def plan(cfg: Config | str, target: str, overrides: Sequence[str] | dict = (), p
 
     def run(c: Config):
         programs, residents, notes = task.plan(c, devices)
-        return plan_programs(chosen, programs, residents, notes, progress)
+        return plan_programs(chosen, programs, residents, notes, progress,
+                             analyses=plan_cache(c.runner.compilation_cache, chosen))
 
     if cfg.cluster.component_placement == "auto":
         cfg, report = _auto_layout(cfg, run, progress)

@@ -205,6 +205,54 @@ def test_a_tiny_sft_run_compiles_for_two_tpu_generations():
         assert report.reports[0].argument_bytes == pytest.approx(3 * params * 4 / 4, rel=0.05)
 
 
+@pytest.mark.slow
+def test_a_plan_run_again_reads_the_compilers_figures_back(tmp_path):
+    cfg = rj.load_config("sft_math", [*TINY_SFT, f"runner.compilation_cache={tmp_path}"])
+
+    def figures(report):
+        out = report.to_json()
+        for program in out["components"]["actor"]["programs"].values():
+            del program["compile_s"]
+            program.pop("compiled", None)
+        return out
+
+    first = rj.plan(cfg, "v5e:2x2")
+    assert not any(r.cached for r in first.reports)
+    files = sorted((tmp_path / "plans").glob("*.json"))
+    assert len(files) == 1  # one program, one file
+    second = rj.plan(cfg, "v5e:2x2")
+    assert all(r.cached for r in second.reports) and figures(second) == figures(first)
+    assert second.to_json()["components"]["actor"]["programs"]["train_step"]["compiled"].startswith("earlier")
+    # Another generation is another compile; a torn file is compiled again, not an error.
+    assert not any(r.cached for r in rj.plan(cfg, "v6e:2x4").reports)
+    files[0].write_text('{"argument_bytes": 1')
+    third = rj.plan(cfg, "v5e:2x2")
+    assert not any(r.cached for r in third.reports) and figures(third) == figures(first)
+
+
+def test_the_plan_cache_keeps_a_refusal_and_skips_what_it_cannot_read(tmp_path):
+    from rlinf_jax.flow.analyses import Analyses, Analysis
+
+    class Lowered:  # what the key reads of a lowered program
+        def __init__(self, text):
+            self.text = text
+
+        def as_text(self, debug_info=False):
+            return self.text
+
+    store = Analyses(tmp_path, "tpu:v5e:2x2")
+    key = store.key(Lowered("module @a"), [1, 0])
+    assert key == store.key(Lowered("module @a"), [0, 1])  # the chips as a set
+    assert key != store.key(Lowered("module @b"), [0, 1]) != Analyses(tmp_path, "tpu:v6e:2x2").key(
+        Lowered("module @a"), [0, 1])
+    assert store.get(key) is None
+    refusal = Analysis(argument_bytes=2.0, temp_bytes=3e10, refused="Ran out of memory in memory space hbm")
+    store.put(key, refusal)
+    assert store.get(key) == refusal and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / f"{key}.json").write_text('{"flops": "many", "unknown": 1}')
+    assert store.get(key) is None
+
+
 def test_sft_of_a_vla_is_not_planned_in_one_line():
     with pytest.raises(BadInput, match="planning an sft run of actor.model.kind=vla .* is not supported yet"):
         rj.plan("sft_vla_tabletop", "v5e:2x2")

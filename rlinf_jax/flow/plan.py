@@ -31,6 +31,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -41,6 +42,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow import runners
+from rlinf_jax.flow.analyses import Analyses, Analysis
 from rlinf_jax.sharding import component_mesh, resolve_num_devices, resolve_placement
 from rlinf_jax.sharding.targets import GIB, GPU_ESTIMATE_NOTE, Chip, Target
 
@@ -115,6 +117,7 @@ class ProgramReport:
     compile_s: float
     refused: str = ""  # the compiler's own out-of-memory message, when it refused
     switch_s: float = 0.0  # per call: the state's moves there and back (cluster.scaling=dynamic)
+    cached: bool = False  # the compiler's figures read back from an earlier plan (`flow.analyses`)
 
     @property
     def peak_bytes(self) -> float:
@@ -133,6 +136,8 @@ class ProgramReport:
             "calls_per_iteration": self.calls,
             "compile_s": round(self.compile_s, 1),
         }
+        if self.cached:
+            out["compiled"] = "earlier, read back from the plan cache"
         if self.switch_s:
             out["switch_s"] = None if np.isnan(self.switch_s) else self.switch_s
         if self.refused:
@@ -212,14 +217,6 @@ def devices_of(tree) -> frozenset:
     return frozenset(out)
 
 
-def _costs(compiled) -> tuple[float, float]:
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per computation
-        analysis = analysis[0] if analysis else {}
-    analysis = analysis or {}
-    return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
-
-
 def _refusal(e: Exception) -> tuple[str, float] | None:
     """The compiler's out-of-memory refusal and the temporaries it named, or None."""
     text = str(e)
@@ -241,7 +238,7 @@ def global_costs(fn, args, kwargs=None) -> tuple[float, float]:
     return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
 
 
-def program_costs(p: Program, compiled) -> tuple[float, float]:
+def program_costs(p: Program, compiled: Analysis) -> tuple[float, float]:
     """FLOPs and bytes per chip of one call of ``p``, every loop trip counted.
 
     The compiler's cost analysis is per chip and after fusion, but it counts a loop's body
@@ -253,7 +250,7 @@ def program_costs(p: Program, compiled) -> tuple[float, float]:
     (``more``). They are brought to one chip, fused, by the compiled / lowered ratio of the
     program as compiled (its share of the work, and what fusion saved).
     """
-    compiled_flops, compiled_bytes = _costs(compiled)
+    compiled_flops, compiled_bytes = compiled.flops, compiled.bytes_accessed
     own_flops, own_bytes = global_costs(p.fn, p.args, p.kwargs)
     if not own_flops:  # nothing to scale: the compiler's figures as they are
         return compiled_flops * p.loop_trips, compiled_bytes * p.loop_trips
@@ -281,32 +278,43 @@ def switch_seconds(at_rest, during, chip: Chip) -> float:
     return 2 * max(bytes_per_chip(at_rest), bytes_per_chip(during)) / one_way
 
 
-def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs: bool = True) -> ProgramReport:
+def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs: bool = True,
+                    analyses: Analyses | None = None) -> ProgramReport:
     """``p`` compiled for ``chip``'s devices; its figures, or the compiler's refusal. Without
-    ``costs``, memory alone (no FLOPs, no time: the check before a run's first step)."""
+    ``costs``, memory alone (no FLOPs, no time: the check before a run's first step). With
+    ``analyses``, a compile of the same program text for the same chips is read back
+    instead of compiled again."""
     devices = devices_of((p.args, p.kwargs))
     others = [r for r in residents
               if r.name not in p.holds and p.component not in r.absent_during and devices & devices_of(r.tree)]
     others_bytes = sum(bytes_per_chip(r.tree) for r in others)
-    args_bytes = bytes_per_chip((p.args, p.kwargs))
     t0 = time.perf_counter()
-    try:
-        compiled = p.fn.lower(*p.args, **p.kwargs).compile()
-    except Exception as e:  # the compiler's refusals arrive as XlaRuntimeError
-        refused = _refusal(e)
-        if refused is None:
-            raise
-        message, temp = refused
-        return ProgramReport(p.component, p.name, args_bytes, 0.0, 0.0, temp, others_bytes, 0.0, 0.0, float("nan"),
-                             p.calls, p.model_flops, time.perf_counter() - t0, refused=message)
+    lowered = p.fn.lower(*p.args, **p.kwargs)
+    key = analyses.key(lowered, [d.id for d in devices]) if analyses is not None else None
+    found = analyses.get(key) if key is not None else None
+    cached = found is not None
+    if found is None:
+        try:
+            found = Analysis.of(lowered.compile())
+        except Exception as e:  # the compiler's refusals arrive as XlaRuntimeError
+            refused = _refusal(e)
+            if refused is None:
+                raise
+            message, temp = refused
+            found = Analysis(argument_bytes=bytes_per_chip((p.args, p.kwargs)), temp_bytes=temp, refused=message)
+        if key is not None:
+            analyses.put(key, found)
     compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    flops, accessed = program_costs(p, compiled) if costs else (0.0, 0.0)
+    if found.refused:
+        return ProgramReport(p.component, p.name, found.argument_bytes, 0.0, 0.0, found.temp_bytes, others_bytes,
+                             0.0, 0.0, float("nan"), p.calls, p.model_flops, compile_s, refused=found.refused,
+                             cached=cached)
+    flops, accessed = program_costs(p, found) if costs else (0.0, 0.0)
     return ProgramReport(
-        p.component, p.name, float(mem.argument_size_in_bytes), float(mem.output_size_in_bytes),
-        float(mem.alias_size_in_bytes), float(mem.temp_size_in_bytes), others_bytes, flops, accessed,
-        roofline_s(flops, accessed, chip) if costs else float("nan"), p.calls, p.model_flops, compile_s,
-        switch_s=switch_seconds(*p.switch, chip) if p.switch and costs else 0.0,
+        p.component, p.name, found.argument_bytes, found.output_bytes, found.alias_bytes, found.temp_bytes,
+        others_bytes, flops, accessed, roofline_s(flops, accessed, chip) if costs else float("nan"), p.calls,
+        p.model_flops, compile_s, switch_s=switch_seconds(*p.switch, chip) if p.switch and costs else 0.0,
+        cached=cached,
     )
 
 
@@ -449,10 +457,19 @@ def _no_persistent_cache():
         compilation_cache.reset_cache()
 
 
+def plan_cache(compilation_cache: str, target: Target) -> Analyses | None:
+    """Where the compiler's analyses for ``target`` are kept: ``plans/`` in the run's JAX
+    compilation cache (``runner.compilation_cache``; "" keeps none)."""
+    if not compilation_cache:
+        return None
+    identity = f"{target.chip.platform}:{target.topology_name}:{target.chip_config}:{target.chips_per_host}"
+    return Analyses(Path(compilation_cache).expanduser() / "plans", identity)
+
+
 def plan_programs(target, programs: Sequence[Program], residents: Sequence[Resident], notes=(), progress=None,
-                  costs: bool = True) -> PlanReport:
+                  costs: bool = True, analyses: Analyses | None = None) -> PlanReport:
     """Compiles every program for ``target`` (a `sharding.targets.Target`, or a `Devices`)
-    and reports."""
+    and reports; with ``analyses`` (`plan_cache`), reads back what an earlier plan compiled."""
     reports = []
     # Programs for real devices may use the persistent cache: the run compiles them next.
     cache = _no_persistent_cache() if isinstance(target, Target) else contextlib.nullcontext()
@@ -460,7 +477,7 @@ def plan_programs(target, programs: Sequence[Program], residents: Sequence[Resid
         for i, p in enumerate(programs):
             if progress is not None:
                 progress(f"compiling {p.component}/{p.name} for {target.text} ({i + 1}/{len(programs)})")
-            reports.append(compile_program(p, target.chip, residents, costs))
+            reports.append(compile_program(p, target.chip, residents, costs, analyses))
     notes = list(notes)
     if isinstance(target, Target) and target.chip.platform == "gpu":
         notes.insert(0, GPU_ESTIMATE_NOTE.format(n=target.chips))
