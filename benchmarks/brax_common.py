@@ -195,7 +195,7 @@ def run_sides(args, clock, run_brax, run_ours) -> tuple[list[str], dict]:
 
 # Options of the parent's command line that the child processes of `run_sides_in_processes`
 # get in their own form (one side each, one run each) or not at all.
-_PARENT_ONLY = {"--only": 1, "--repeats": 1, "--order": 1, "--processes": 1}
+_PARENT_ONLY = {"--only": 1, "--repeats": 1, "--order": 1, "--processes": 1, "--cpus": 1}
 
 
 def _child_argv(argv: list[str], side: str) -> list[str]:
@@ -227,18 +227,37 @@ def run_child(cmd: list[str], env: dict, who: str) -> dict:
     return json.loads(last)
 
 
-def run_sides_in_processes(args, argv: list[str], script: str, own_env) -> tuple[list[str], dict]:
+def parse_cpus(spec: str | None) -> list[int]:
+    """``0-1`` or ``0,2`` -> the cores; None -> every core this process may use. One error
+    line for a core this process may not use."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if spec is None:
+        return allowed
+    cpus = []
+    for part in str(spec).split(","):
+        lo, _, hi = part.partition("-")
+        cpus += list(range(int(lo), int(hi or lo) + 1))
+    if not set(cpus) <= set(allowed):
+        raise SystemExit(f"error: --cpus {spec}: this process may use only cores {allowed}")
+    return sorted(set(cpus))
+
+
+def run_sides_in_processes(args, argv: list[str], script: str, own_env, cpus: list[int] | None = None
+                           ) -> tuple[list[str], dict]:
     """``run_sides`` with every run in a fresh process of its own, started as its users
     start it: ``own_env(side)`` gives each side's environment (Brax's: the caller's,
     without the project's XLA flags; ours: what ``python -m rlinf_jax.train`` would start
-    JAX with). The children's progress passes through; each one's summary is its last
-    stdout line."""
+    JAX with), and with ``cpus`` both sides pinned to those cores (``taskset``, so every
+    thread either side starts stays there). The children's progress passes through; each
+    one's summary is its last stdout line."""
     schedule = _schedule(args, "each run in its own process")
+    pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     runs: dict[str, list[dict]] = {}
     for i, side in enumerate(schedule):
         env = own_env(side)
-        log(f"--- {side} (run {i + 1}/{len(schedule)}, own process, XLA_FLAGS={env.get('XLA_FLAGS', '')!r}) ---")
-        summary = run_child([sys.executable, script, *_child_argv(argv, side)], env, f"the {side} run").get(side)
+        log(f"--- {side} (run {i + 1}/{len(schedule)}, own process, cores {cpus or 'any'}, "
+            f"XLA_FLAGS={env.get('XLA_FLAGS', '')!r}) ---")
+        summary = run_child([*pin, sys.executable, script, *_child_argv(argv, side)], env, f"the {side} run").get(side)
         summary["xla_flags"] = env.get("XLA_FLAGS", "")
         runs.setdefault(side, []).append(summary)
     return schedule, {side: _median_summary(r) for side, r in runs.items()}

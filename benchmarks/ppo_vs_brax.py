@@ -133,6 +133,7 @@ from brax_common import (  # noqa: E402
     flops_per_env_step,
     log,
     our_default_env,
+    parse_cpus,
     run_sides,
     run_sides_in_processes,
 )
@@ -223,6 +224,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="which side runs first (in the first repeat; later repeats alternate)",
     )
     p.add_argument("--repeats", type=int, default=1, help="runs per side, alternating the order")
+    p.add_argument("--cpus", default=None,
+                   help="with --processes own: the cores both sides are pinned to, e.g. 0-1 (default: every core "
+                        "this process may use)")
     p.add_argument(
         "--processes",
         choices=("one", "own"),
@@ -590,7 +594,8 @@ def main_own_processes(args, argv: list[str]) -> int:
         return our_default_env("ppo_brax") if side == "ours" else dict(os.environ)
 
     log(f"PPO benchmark, each run in its own process: Brax ppo.train vs rlinf_jax | env {args.env}")
-    schedule, results = run_sides_in_processes(args, argv, os.path.abspath(__file__), own_env)
+    cpus = parse_cpus(args.cpus)
+    schedule, results = run_sides_in_processes(args, argv, os.path.abspath(__file__), own_env, cpus)
     ratio = functools.partial(brax_ratio, results)
     out = {
         "env": args.env, "backend": args.backend, "processes": "own", "order": schedule, "repeats": args.repeats,
@@ -602,7 +607,7 @@ def main_own_processes(args, argv: list[str]) -> int:
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
         "peer": "brax.training.agents.ppo.train.train with its defaults for everything the mapping above does "
                 "not set; its own process, the environment as it is",
-        "pinning": "none: each process on every core, one process at a time",
+        "pinning": f"both sides on cores {cpus} (taskset), one process at a time",
         "threads": "XLA's defaults on both sides (the same CPU backend)",
         "precision": "float32 on both sides",
     }

@@ -1,9 +1,14 @@
 #!/usr/bin/env python
 """SAC throughput and time-to-threshold: Brax's own SAC trainer vs. ``rlinf_jax``.
 
-Both trainers run in this one process, one after the other (``--order``; ``--repeats``
-alternates who goes first), on the same env, backend, devices and XLA flags, with the same
-hyperparameters. For each side the script reports
+By default every training run is a process of its own (``--processes own``), started as
+its users start it (Brax's with the environment as it is; ours with the XLA flags
+``python -m rlinf_jax.train`` sets), both pinned to the same cores (``--cpus``, default
+every core this process may use), one process at a time (``--order``; ``--repeats``
+alternates who goes first). ``--processes one`` runs both sides in this process with the
+same XLA flags instead. Both sides take the same hyperparameters and, by default, compute
+in float32 through XLA; ``--matmul mkl --compute-dtype bfloat16`` is a mixed-precision row
+(ours bfloat16, Brax float32), labelled so in the JSON. For each side the script reports
 
 * ``steady_steps_per_sec``: env steps of the training epochs after the first divided by
   their wall time (compile, the first epoch and the evaluations excluded);
@@ -22,6 +27,7 @@ Brax's steady env steps/s at equal UTD (higher is better for us) and
     python benchmarks/sac_vs_brax.py                   # inverted_pendulum, the sac_brax recipe's settings
     python benchmarks/sac_vs_brax.py --repeats 2 --epochs 6
     python benchmarks/sac_vs_brax.py --matmul mkl [--compute-dtype bfloat16]   # our products through MKL
+    python benchmarks/sac_vs_brax.py --processes one --only ours                 # one side, in this process
 
 Hyperparameter mapping (Brax ``sac.train`` argument -> our config key)
 -----------------------------------------------------------------------
@@ -72,7 +78,10 @@ from brax_common import (  # noqa: E402
     _install_device_put_replicated_shim,
     _summary,
     log,
+    our_default_env,
+    parse_cpus,
     run_sides,
+    run_sides_in_processes,
 )
 from brax_common import ratio as brax_ratio  # noqa: E402
 from brax_common import flops_keys, flops_per_env_step  # noqa: E402
@@ -106,6 +115,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--order", choices=["brax-first", "ours-first"], default="brax-first")
     p.add_argument("--only", choices=["both", "brax", "ours"], default="both")
+    p.add_argument("--processes", choices=["own", "one"], default="own",
+                   help="own (default): every run in a fresh process, both pinned to --cpus; one: both sides in "
+                        "this process")
+    p.add_argument("--cpus", default=None,
+                   help="with --processes own: the cores both sides are pinned to, e.g. 0-1 (default: every core "
+                        "this process may use)")
     p.add_argument("--matmul", choices=["xla", "mkl"], default="xla",
                    help="our actor's and critics' product backend (actor.model.matmul; mkl: the mkl extra)")
     p.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32",
@@ -238,8 +253,19 @@ def run_ours(args, clock) -> dict:
 
 
 # ------------------------------------------------------------------------------ main
+def precision(args) -> dict:
+    """What each side computes in, and whether the ratio compares like with like."""
+    ours = f"{args.compute_dtype} products through {'MKL' if args.matmul == 'mkl' else 'XLA'}"
+    matched = args.compute_dtype == "float32"
+    return {"precision": f"ours {ours}; Brax float32 products through XLA",
+            "precision_matched": matched,
+            **({} if matched else {"row": "mixed precision: not a like-for-like ratio"})}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.processes == "own":
+        return main_own_processes(args, sys.argv[1:] if argv is None else list(argv))
     import jax
 
     shimmed = _install_device_put_replicated_shim(jax)
@@ -266,7 +292,7 @@ def main(argv=None) -> int:
         "env": args.env, "backend": args.backend, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform, "order": schedule, "threshold": args.threshold,
         "utd": args.utd, "num_envs": args.num_envs, "batch_size": args.batch_size,
-        "matmul": args.matmul, "compute_dtype": args.compute_dtype,
+        "matmul": args.matmul, "compute_dtype": args.compute_dtype, "processes": "one", **precision(args),
         "ours": results.get("ours"), "brax": results.get("brax"),
         "compile_ratio": ratio("compile_s"),
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
@@ -276,6 +302,40 @@ def main(argv=None) -> int:
         out.update(flops_keys(results, roofline.peak_flops_per_s(args.peak_gflops)))
     warn_regressions("sac_vs_brax", out)
     print(json.dumps(out))
+    return 0
+
+
+def main_own_processes(args, argv: list[str]) -> int:
+    """Each run in a process of its own, pinned alike; no JAX in this process."""
+    def own_env(side):
+        env = our_default_env("sac_brax") if side == "ours" else dict(os.environ)
+        # JAX on the CPU on both sides: where libtpu is installed but no TPU is, JAX would
+        # otherwise probe for one inside the first timed call.
+        return {**env, "JAX_PLATFORMS": "cpu"}
+
+    cpus = parse_cpus(args.cpus)
+    log(f"SAC benchmark, each run in its own process on cores {cpus}: Brax sac.train vs rlinf_jax | env {args.env}")
+    schedule, results = run_sides_in_processes(args, argv, os.path.abspath(__file__), own_env, cpus)
+    ratio = functools.partial(brax_ratio, results)
+    out = {
+        "env": args.env, "backend": args.backend, "processes": "own", "order": schedule, "repeats": args.repeats,
+        "threshold": args.threshold, "utd": args.utd, "num_envs": args.num_envs, "batch_size": args.batch_size,
+        "matmul": args.matmul, "compute_dtype": args.compute_dtype, **precision(args),
+        "ours": results.get("ours"), "brax": results.get("brax"),
+        "compile_ratio": ratio("compile_s"),
+        "time_to_threshold_ratio": ratio("time_to_threshold_s"),
+        "ratio": ratio("steady_steps_per_sec"),
+        "peer": "brax.training.agents.sac.train.train with its defaults for everything the mapping in this script's "
+                "docstring does not set; its own process, the environment as it is",
+        "pinning": f"both sides on cores {cpus} (taskset), one process at a time",
+        "threads": "XLA's defaults on both sides (the same CPU backend)",
+    }
+    out.update(flops_keys(results, args.peak_gflops * 1e9 if args.peak_gflops else None))
+    if "ours" in results and "brax" in results:
+        log(f"ratio (ours/brax steady env steps/s, own processes, {out['precision']}): {out['ratio']} | "
+            f"time_to_threshold_ratio: {out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")
+    warn_regressions("sac_vs_brax", out)
+    print(json.dumps(out), flush=True)
     return 0
 
 

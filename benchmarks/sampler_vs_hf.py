@@ -1,17 +1,35 @@
 #!/usr/bin/env python
 """LM sampling throughput: ``rlinf_jax.rollout.sampler`` vs. Hugging Face ``generate``.
 
-Both sides run the same tiny random Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads,
-intermediate 512, vocabulary 2048, tied embeddings: ~2.9M parameters) on the same 32
-left-padded prompts (lengths 8-24), generating 64 new tokens each with plain temperature-1
-sampling (no top-k, no top-p, no stop token), on ONE CPU core for both: the process is
+Both sides run the same random Qwen2 on the same 32 left-padded prompts (lengths 8-24),
+generating 64 new tokens each with plain temperature-1 sampling (no top-k, no top-p, no
+stop token). ``--size`` picks the model, built locally for both sides (no hub):
+
+* ``tiny`` (default): hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate 512,
+  vocabulary 2048, tied embeddings: ~2.9M parameters, where Python's cost per token
+  dominates;
+* ``0.5b``: Qwen2.5-0.5B's shapes (hidden 896, 24 layers, 14 heads, 2 KV heads,
+  intermediate 4864, vocabulary 151,936, tied embeddings: 494M parameters), random
+  weights: the size people train.
+
+Both run on ONE CPU core: the process is
 pinned to one core before torch or JAX start a thread (``--cpu N``, default the first core
 it may use), with ``torch.set_num_threads(1)`` and, set before JAX is imported,
 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``. The flags
 alone do not make XLA single-threaded (its CPU runtime still runs independent ops on a
 pool), so without the pinning (``--no-pin``) our side would use a second core that torch
-does not; the JSON records which (``pinned``). HF runs as ``generate`` does by default:
-eager, with its dynamic KV cache and sdpa attention (``peer`` in the JSON).
+does not; the JSON records which (``pinned``). HF runs with sdpa attention in each of the
+configurations ``--hf`` names (all three by default), each timed in the same rounds:
+
+* ``eager``: ``generate``'s defaults, eager with its dynamic KV cache;
+* ``static``: ``cache_implementation="static"`` (a preallocated cache), eager;
+* ``compiled``: the static cache with ``generate``'s own compilation of the decode step
+  (``CompileConfig(fullgraph=True, dynamic=False, mode="default")``, torch.compile's
+  inductor; HF compiles automatically only on accelerators, so the config asks for it on
+  the CPU), HF's documented recipe for fast decoding.
+
+``ratio`` is ours / the ``compiled`` configuration when it runs (else the first named);
+``ratios`` holds one per configuration.
 
 Each side is warmed up once (our compile; torch's first-call costs), then the two are
 timed in turns over ``--repeats`` rounds (so load from other processes hits both alike);
@@ -23,6 +41,8 @@ The last line of stdout is one JSON object: each side's tokens/s, the settings, 
 ``ratio`` = ours / HF (higher is better for us).
 
     python benchmarks/sampler_vs_hf.py [--batch 32] [--new-tokens 64] [--repeats 5] [--cpu N | --no-pin]
+    python benchmarks/sampler_vs_hf.py --size 0.5b --new-tokens 32 --repeats 3
+    python benchmarks/sampler_vs_hf.py --hf eager          # generate's defaults alone
 """
 
 from __future__ import annotations
@@ -44,6 +64,7 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -65,25 +86,55 @@ from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
-MODEL = {
-    "hidden_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 512,
-    "vocab_size": 2048,
-    "tie_word_embeddings": True,
+SIZES = {
+    "tiny": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 2048,
+        "tie_word_embeddings": True,
+    },
+    # Qwen2.5-0.5B's published configuration (config.json), shapes only.
+    "0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+    },
 }
+MODEL = SIZES["tiny"]  # the tiny model, as multiturn_rollout.py and dot_gap.py build it
+# Weight scale of the random init: larger models need smaller weights to keep activations
+# (and the greedy comparison) finite in float32.
+SCALES = {"tiny": 0.1, "0.5b": 0.02}
+HF_MODES = ("eager", "static", "compiled")
 
 
-def prompts(batch: int, seed: int = 0):
+def hf_generate_kwargs(mode: str) -> dict:
+    """``generate``'s keyword arguments for HF configuration ``mode`` (module docstring)."""
+    if mode == "eager":
+        return {}
+    if mode == "static":
+        return {"cache_implementation": "static", "disable_compile": True}
+    compile_config = transformers.CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    compile_config._compile_all_devices = True  # HF's switch for compiling on the CPU
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
+def prompts(batch: int, vocab_size: int = MODEL["vocab_size"], seed: int = 0):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(8, 25, batch)
     width = int(lengths.max())
     ids = np.zeros((batch, width), np.int64)
     mask = np.zeros((batch, width), np.int64)
     for row, n in enumerate(lengths):
-        ids[row, width - n :] = rng.integers(1, MODEL["vocab_size"], n)
+        ids[row, width - n :] = rng.integers(1, vocab_size, n)
         mask[row, width - n :] = 1
     return ids, mask
 
@@ -110,36 +161,40 @@ def main(argv=None) -> None:
     parser.add_argument("--cpu", type=int, help="the core both sides run on (default: the first this process may use)")
     parser.add_argument("--no-pin", action="store_true", help="leave the process unpinned (unequal: XLA's pool "
                         "takes a second core)")
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
+    parser.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES),
+                        help="HF configurations to time (module docstring); the ratio is against 'compiled' if named")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
+    shapes = SIZES[args.size]
 
     # sdpa: transformers' default (and its fastest CPU) attention.
-    hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
+    hf = tiny_hf_model("qwen2", seed=0, scale=SCALES[args.size], attn_implementation="sdpa", **shapes)
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         model = from_pretrained(d)
     n_params = sum(p.numel() for p in hf.parameters())
-    ids, mask = prompts(args.batch)
+    ids, mask = prompts(args.batch, shapes["vocab_size"])
     t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
     sampler = Sampler(model)
     key = jax.random.key(0)
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
 
-    def hf_run(do_sample=True):
+    def hf_run(mode="eager", do_sample=True):
         with torch.no_grad():
             return hf.generate(
                 # top_k=0 and top_p=1 explicitly: left unset, transformers 5 falls back to
                 # top_k=50 (its warning that top_k=0 "may be ignored" is spurious: with these
                 # values no logits processor runs, plain sampling as on our side).
                 input_ids=t_ids, attention_mask=t_mask, do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=args.new_tokens,
+                max_new_tokens=args.new_tokens, **hf_generate_kwargs(mode),
             )
 
     def ours_run(params=sampling):
         out = sampler.generate(ids, mask, key, params)
         return jax.block_until_ready(out)
 
-    print(f"model: qwen2, {n_params / 1e6:.2f}M params; batch {args.batch} x {args.new_tokens} new tokens")
+    print(f"model: qwen2 ({args.size}), {n_params / 1e6:.2f}M params; batch {args.batch} x {args.new_tokens} new tokens")
     print(f"jax {jax.__version__} devices {jax.devices()}; torch {torch.__version__} threads {torch.get_num_threads()}")
     greedy_ref = hf_run(do_sample=False)[:, ids.shape[1] :].numpy()
     greedy_ours = np.asarray(ours_run(SamplingParams(max_new_tokens=args.new_tokens, temperature=0)).tokens)
@@ -147,36 +202,50 @@ def main(argv=None) -> None:
     print(f"greedy tokens equal: {greedy_match:.3f}")
 
     tokens = args.batch * args.new_tokens
-    hf_times, ours_times = timed_alternating([hf_run, ours_run], args.repeats)
-    hf_tps = tokens / statistics.median(hf_times)
+    runs = [functools.partial(hf_run, mode) for mode in args.hf]
+    *hf_times, ours_times = timed_alternating([*runs, ours_run], args.repeats)
+    hf_tps = {mode: tokens / statistics.median(t) for mode, t in zip(args.hf, hf_times)}
     ours_tps = tokens / statistics.median(ours_times)
-    print(f"HF generate: {hf_tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in hf_times)})")
-    print(f"ours:        {ours_tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in ours_times)})")
+    for mode, t in zip(args.hf, hf_times):
+        print(f"HF generate, {mode:<8}: {hf_tps[mode]:,.0f} tok/s  (runs: {', '.join(f'{x:.3f}s' for x in t)})")
+    print(f"ours:                 {ours_tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in ours_times)})")
+    headline = "compiled" if "compiled" in args.hf else args.hf[0]
     result = {
         "benchmark": "sampler_vs_hf",
         "model": "qwen2",
+        "size": args.size,
         "params": n_params,
         "batch": args.batch,
         "new_tokens": args.new_tokens,
         "threads": 1,
         "pinned": CPU is not None,
         "pinning": f"both sides in one process on core {CPU}" if CPU is not None else "none",
+        "hf": headline,
         "peer": {"library": f"transformers {transformers.__version__}, torch {torch.__version__}",
-                 "generate": "eager, its default dynamic KV cache, sdpa attention, torch.no_grad",
+                 "generate": {"eager": "eager, its default dynamic KV cache",
+                              "static": "eager, cache_implementation='static'",
+                              "compiled": "cache_implementation='static', its decode step compiled by generate "
+                                          "(torch.compile inductor, fullgraph, dynamic=False)"}[headline]
+                 + ", sdpa attention, torch.no_grad",
                  "torch_threads": torch.get_num_threads()},
         "precision": "float32",
         "greedy_match": greedy_match,
-        "hf_tokens_per_s": round(hf_tps, 1),
+        "hf_tokens_per_s": round(hf_tps[headline], 1),
+        "hf_tokens_per_s_by_configuration": {m: round(v, 1) for m, v in hf_tps.items()},
         "ours_tokens_per_s": round(ours_tps, 1),
-        "ratio": round(ours_tps / hf_tps, 3),
+        "ratios": {m: round(ours_tps / v, 3) for m, v in hf_tps.items()},
+        "ratio": round(ours_tps / hf_tps[headline], 3),
     }
+    if "compiled" in args.hf:  # that torch.compile did run: the graphs dynamo captured
+        result["hf_compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     # One FLOP count for both sides (same model, same tokens): prefill, then the decode
     # loop's max_new_tokens - 1 steps (no stop token: every row runs to the end).
     peak = roofline.peak_flops_per_s(args.peak_gflops)
     flops = roofline.program_flops(lambda: sampler.generate(ids, mask, key, sampling), while_trips=args.new_tokens - 1)
-    ours, theirs = (roofline.rate(flops, statistics.median(t), peak) for t in (ours_times, hf_times))
+    ours, theirs = (roofline.rate(flops, statistics.median(t), peak)
+                    for t in (ours_times, hf_times[args.hf.index(headline)]))
     print(roofline.line("ours FLOP/s", ours, peak))
-    print(roofline.line("HF   FLOP/s (same FLOP count)", theirs, peak))
+    print(roofline.line(f"HF {headline} FLOP/s (same FLOP count)", theirs, peak))
     result.update(roofline.result_keys(ours, peak))
     result.update({k: v for k, v in roofline.result_keys(theirs, peak, "hf").items() if k.startswith("hf")})
     warn_regressions("sampler_vs_hf", result)

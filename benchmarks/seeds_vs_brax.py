@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from brax_common import _install_device_put_replicated_shim, log, run_child  # noqa: E402
+from brax_common import _install_device_put_replicated_shim, log, parse_cpus, run_child  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 
 
@@ -193,13 +193,6 @@ def child(args, extra) -> int:
     return 0
 
 
-def _cpus(spec: str | None) -> list[int]:
-    if spec is None:
-        return sorted(os.sched_getaffinity(0))
-    lo, _, hi = spec.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
 def main(argv=None) -> int:
     args, extra = parse_args(argv)
     if args.side:
@@ -207,7 +200,7 @@ def main(argv=None) -> int:
     if args.seeds < 2:
         print("error: --seeds must be at least 2 (one seed is sac_vs_brax.py / ppo_vs_brax.py)", file=sys.stderr)
         return 2
-    cpus = _cpus(args.cpus)
+    cpus = parse_cpus(args.cpus)
     # The same environment for both sides; JAX on the CPU (where libtpu is installed but no
     # TPU is, JAX would otherwise probe for one inside the first timed call).
     env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}

@@ -35,6 +35,10 @@ through oneDNN, on the CPU's AMX tiles where it has them), ours with bfloat16 co
 optimizer state stay float32 on both sides. The two round differently (autocast keeps
 some ops in float32), so the parity check allows 0.05 on the loss (about 0.7% of it).
 
+``--torch-compile`` runs torch's model through ``torch.compile`` (inductor, its default
+mode: forward and backward compiled by AOTAutograd, the fused AdamW eager), the way a torch
+user speeds a training step up; the first steps (parity, warm-up) include its compile.
+
 ``--matmul mkl`` routes every matrix product of our step (dense layers, tied head,
 attention; forward and backward) through Intel MKL (``actor.model.matmul=mkl``, the ``mkl``
 extra): bfloat16 products then run on the AMX tiles, as torch's do through oneDNN.
@@ -45,6 +49,7 @@ us) and ``cpu_ratio``, the same from CPU time.
 
     python benchmarks/train_step_vs_torch.py [--batch 32] [--seq 128] [--steps 3] [--repeats 7] [--cpu N]
     python benchmarks/train_step_vs_torch.py --precision bfloat16 [--matmul mkl]
+    python benchmarks/train_step_vs_torch.py --torch-compile
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
+import transformers
 from flax import nnx
 
 from rlinf_jax import kernels
@@ -92,9 +98,11 @@ def token_batch(batch: int, seq: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, MODEL["vocab_size"], (batch, seq))
 
 
-def torch_trainer(hf, ids: np.ndarray, precision: str = "float32"):
-    """A closure running one torch training step; returns the step's loss (a 0-d tensor)."""
+def torch_trainer(hf, ids: np.ndarray, precision: str = "float32", compiled: bool = False):
+    """A closure running one torch training step (the model through ``torch.compile`` when
+    ``compiled``); returns the step's loss (a 0-d tensor)."""
     hf.train()
+    forward = torch.compile(hf) if compiled else hf
     opt = torch.optim.AdamW(
         hf.parameters(), lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
         weight_decay=ADAMW["weight_decay"], fused=True,
@@ -107,7 +115,7 @@ def torch_trainer(hf, ids: np.ndarray, precision: str = "float32"):
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = hf(input_ids=inputs).logits
+            logits = forward(input_ids=inputs).logits
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets)
         loss.backward()
         opt.step()
@@ -194,6 +202,7 @@ def main(argv=None) -> None:
                         help="bfloat16: torch autocast against our bfloat16 compute, float32 parameters on both")
     parser.add_argument("--matmul", choices=kernels.BACKENDS, default="xla",
                         help="our products' backend (actor.model.matmul); mkl needs pip install -e '.[mkl]'")
+    parser.add_argument("--torch-compile", action="store_true", help="torch's model through torch.compile (inductor)")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
@@ -209,7 +218,7 @@ def main(argv=None) -> None:
         model = from_pretrained(d, dtype=args.precision, param_dtype="float32")
     n_params = sum(p.numel() for p in hf.parameters())
     ids = token_batch(args.batch, args.seq)
-    torch_step, jax_step = torch_trainer(hf, ids, args.precision), jax_trainer(model, ids, args.matmul)
+    torch_step, jax_step = torch_trainer(hf, ids, args.precision, args.torch_compile), jax_trainer(model, ids, args.matmul)
 
     print(f"model: qwen2, {n_params / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; {args.precision}; "
           f"our products: {args.matmul}; AdamW {ADAMW}")
@@ -244,6 +253,10 @@ def main(argv=None) -> None:
         "seq": args.seq,
         "precision": args.precision,
         "matmul": args.matmul,
+        "torch_compile": args.torch_compile,
+        "peer": f"transformers {transformers.__version__}, torch {torch.__version__}: sdpa attention, AdamW(fused=True)"
+                + (", the model through torch.compile (inductor, default mode)" if args.torch_compile else ", eager")
+                + (", torch.autocast bfloat16" if args.precision == "bfloat16" else ""),
         "threads": 1,
         "cpu_cores": cores,
         "first_step_loss_torch": round(torch_losses[0], 7),
