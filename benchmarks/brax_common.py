@@ -212,11 +212,13 @@ def _child_argv(argv: list[str], side: str) -> list[str]:
     return [*out, "--only", side, "--repeats", "1", "--processes", "one"]
 
 
-def run_child(cmd: list[str], env: dict, who: str) -> dict:
-    """Runs ``cmd`` with ``env``: its progress lines pass through as they come, its last
-    line (a JSON summary) is kept back and returned parsed, so that the caller's own summary
-    stays the last line. A failed child ends this process with an error naming ``who``."""
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
+def run_child(cmd: list[str], env: dict, who: str, cpus: list[int] | None = None) -> dict:
+    """Runs ``cmd`` with ``env`` (pinned to ``cpus`` before it starts, so every thread it
+    starts stays there): its progress lines pass through as they come, its last line (a
+    JSON summary) is kept back and returned parsed, so that the caller's own summary stays
+    the last line. A failed child ends this process with an error naming ``who``."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=pin) as proc:
         last = None
         for line in proc.stdout:
             if last is not None:
@@ -247,18 +249,20 @@ def run_sides_in_processes(args, argv: list[str], script: str, own_env, cpus: li
     """``run_sides`` with every run in a fresh process of its own, started as its users
     start it: ``own_env(side)`` gives each side's environment (Brax's: the caller's,
     without the project's XLA flags; ours: what ``python -m rlinf_jax.train`` would start
-    JAX with), and with ``cpus`` both sides pinned to those cores (``taskset``, so every
-    thread either side starts stays there). The children's progress passes through; each
-    one's summary is its last stdout line."""
+    JAX with), and with ``cpus`` both sides pinned to those cores. The children's progress
+    passes through; each one's summary is its last stdout line, with the float32 peak the
+    child measured (``peak_flops_per_s``) where it measured one."""
     schedule = _schedule(args, "each run in its own process")
-    pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     runs: dict[str, list[dict]] = {}
     for i, side in enumerate(schedule):
         env = own_env(side)
         log(f"--- {side} (run {i + 1}/{len(schedule)}, own process, cores {cpus or 'any'}, "
             f"XLA_FLAGS={env.get('XLA_FLAGS', '')!r}) ---")
-        summary = run_child([*pin, sys.executable, script, *_child_argv(argv, side)], env, f"the {side} run").get(side)
+        child = run_child([sys.executable, script, *_child_argv(argv, side)], env, f"the {side} run", cpus)
+        summary = child.get(side)
         summary["xla_flags"] = env.get("XLA_FLAGS", "")
+        if child.get("peak_flops_per_s"):
+            summary["peak_flops_per_s"] = child["peak_flops_per_s"]
         runs.setdefault(side, []).append(summary)
     return schedule, {side: _median_summary(r) for side, r in runs.items()}
 

@@ -206,12 +206,12 @@ def main(argv=None) -> int:
     env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
     results = {}
     for side in ("brax", "ours"):
-        cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__, "--side", side,
+        cmd = [sys.executable, __file__, "--side", side,
                "--algo", args.algo, "--seeds", str(args.seeds)]
         if args.peak_gflops:
             cmd += ["--peak-gflops", str(args.peak_gflops)]
         log(f"=== {side} (own process, cores {cpus}) ===")
-        results[side] = run_child([*cmd, "--", *extra], env, f"the {side} side")
+        results[side] = run_child([*cmd, "--", *extra], env, f"the {side} side", cpus)
     out = {"seeds": args.seeds, "cpus": cpus, "threads": "XLA default on both", "precision": "float32",
            "extra_args": extra, "ours": results["ours"], "brax": results["brax"]}
     for algo in results["ours"]:

@@ -249,8 +249,9 @@ def test_the_plan_cache_keeps_a_refusal_and_skips_what_it_cannot_read(tmp_path):
     refusal = Analysis(argument_bytes=2.0, temp_bytes=3e10, refused="Ran out of memory in memory space hbm")
     store.put(key, refusal)
     assert store.get(key) == refusal and not list(tmp_path.glob("*.tmp"))
-    (tmp_path / f"{key}.json").write_text('{"flops": "many", "unknown": 1}')
-    assert store.get(key) is None
+    for unusable in ('{"flops": "many"}', '{"flops": null}', '{"unknown": 1}', '[1, 2]'):
+        (tmp_path / f"{key}.json").write_text(unusable)
+        assert store.get(key) is None, unusable
 
 
 def test_sft_of_a_vla_is_not_planned_in_one_line():

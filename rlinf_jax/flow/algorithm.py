@@ -186,7 +186,8 @@ class Algorithm:
         mesh, where an iteration's sums start before its first segment. The arguments are
         arrays or `jax.ShapeDtypeStruct`s; only their shapes are read (a parked optimiser
         state's memory kind is not the update's)."""
-        plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, segment, learn_keys))
+        plain = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=getattr(x, "weak_type", False)),
+                             (state, segment, learn_keys))
         shapes = jax.eval_shape(self.learn, *plain, np.int32(0), *self.chunk_args)[1]
         return jax.jit(lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
                        out_shardings=replicated(self.mesh))

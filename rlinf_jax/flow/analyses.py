@@ -11,8 +11,10 @@ one knob changed) compiles only the programs whose text changed.
 The key is everything the compiler's answer depends on: the lowered program's text (its
 shapes, shardings and number of partitions; no source locations), the target's topology,
 the ids of the chips the program is laid out on, the versions of JAX, jaxlib and libtpu,
-and the flags that change what XLA or libtpu produce (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``).
-A file that cannot be read is a miss, never an error.
+the flags that change what XLA or libtpu produce (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``), and
+JAX's compile settings that reach the compiler outside the program (optimization and
+memory-fitting efforts and levels, the rematerialization pass). A file that cannot be read
+is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -43,15 +45,26 @@ class Analysis:
     refused: str = ""  # the compiler's out-of-memory line; temp_bytes is the figure it named
 
     @classmethod
-    def of(cls, compiled) -> Analysis:
+    def of(cls, compiled, costs: bool = True) -> Analysis:
+        """``compiled``'s memory analysis, and with ``costs`` its cost analysis."""
         mem = compiled.memory_analysis()
-        costs = compiled.cost_analysis()
+        costs = compiled.cost_analysis() if costs else {}
         if isinstance(costs, (list, tuple)):  # older JAX: one dict per computation
             costs = costs[0] if costs else {}
         costs = costs or {}
         return cls(float(mem.argument_size_in_bytes), float(mem.output_size_in_bytes),
                    float(mem.alias_size_in_bytes), float(mem.temp_size_in_bytes),
                    float(costs.get("flops", 0.0)), float(costs.get("bytes accessed", 0.0)))
+
+
+def _compile_settings() -> list:
+    """JAX's settings that `jax._src.compiler` hands the compiler beside the program (read
+    from the same private states it reads; one missing in another JAX reads as None)."""
+    from jax._src import config as jax_config
+
+    names = ("exec_time_optimization_effort", "memory_fitting_effort", "optimization_level",
+             "memory_fitting_level", "enable_remat_opt_pass", "jax_xla_profile_version")
+    return [str(getattr(getattr(jax_config, n, None), "value", None)) for n in names]
 
 
 def _version(package: str) -> str:
@@ -70,6 +83,7 @@ class Analyses:
             "format": FORMAT, "target": target,
             "versions": [_version(p) for p in ("jax", "jaxlib", "libtpu")],
             "flags": [os.environ.get(v, "") for v in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")],
+            "settings": _compile_settings(),
         }, sort_keys=True)
 
     def key(self, lowered, device_ids) -> str:
@@ -83,8 +97,9 @@ class Analyses:
 
     def get(self, key: str) -> Analysis | None:
         try:
-            return Analysis(**json.loads(self._path(key).read_text()))
-        except (OSError, ValueError, TypeError):  # absent, torn or from another format
+            fields = json.loads(self._path(key).read_text())
+            return Analysis(**{k: str(v) if k == "refused" else float(v) for k, v in fields.items()})
+        except (OSError, ValueError, TypeError, AttributeError):  # absent, torn or from another format
             return None
 
     def put(self, key: str, analysis: Analysis) -> None:

@@ -295,7 +295,7 @@ def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs
     cached = found is not None
     if found is None:
         try:
-            found = Analysis.of(lowered.compile())
+            found = Analysis.of(lowered.compile(), costs)
         except Exception as e:  # the compiler's refusals arrive as XlaRuntimeError
             refused = _refusal(e)
             if refused is None:
