@@ -28,7 +28,8 @@ configurations ``--hf`` names (all three by default), each timed in the same rou
   inductor; HF compiles automatically only on accelerators, so the config asks for it on
   the CPU), HF's documented recipe for fast decoding.
 
-``ratio`` is ours / the ``compiled`` configuration when it runs (else the first named);
+``ratio`` is ours / the fastest of the configurations timed (``hf`` names it; at 2.9M
+parameters the compiled decode is the slowest of the three, at 0.5B the fastest);
 ``ratios`` holds one per configuration.
 
 Each side is warmed up once (our compile; torch's first-call costs), then the two are
@@ -163,7 +164,7 @@ def main(argv=None) -> None:
                         "takes a second core)")
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
     parser.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES),
-                        help="HF configurations to time (module docstring); the ratio is against 'compiled' if named")
+                        help="HF configurations to time (module docstring); the ratio is against the fastest")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
     shapes = SIZES[args.size]
@@ -209,7 +210,7 @@ def main(argv=None) -> None:
     for mode, t in zip(args.hf, hf_times):
         print(f"HF generate, {mode:<8}: {hf_tps[mode]:,.0f} tok/s  (runs: {', '.join(f'{x:.3f}s' for x in t)})")
     print(f"ours:                 {ours_tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in ours_times)})")
-    headline = "compiled" if "compiled" in args.hf else args.hf[0]
+    headline = max(hf_tps, key=hf_tps.get)  # the peer at its fastest
     result = {
         "benchmark": "sampler_vs_hf",
         "model": "qwen2",
