@@ -267,6 +267,18 @@ def run_sides_in_processes(args, argv: list[str], script: str, own_env, cpus: li
     return schedule, {side: _median_summary(r) for side, r in runs.items()}
 
 
+def own_processes_keys(results: dict, cpus: list[int], peak_gflops: float | None) -> dict:
+    """What every own-process comparison adds to its JSON: the pinning, the threads, and
+    our side's FLOP/s against the float32 peak its process measured on the same cores
+    (``--peak-gflops`` instead when given; no JAX runs in the parent)."""
+    peak = peak_gflops * 1e9 if peak_gflops else (results.get("ours") or {}).get("peak_flops_per_s")
+    return {
+        "pinning": f"both sides on cores {cpus} (sched_setaffinity before each starts), one process at a time",
+        "threads": "XLA's defaults on both sides (the same CPU backend)",
+        **flops_keys(results, peak),
+    }
+
+
 def our_default_env(recipe: str) -> dict:
     """This process's environment with XLA_FLAGS as ``python -m rlinf_jax.train
     --config-name recipe`` sets them before JAX starts (``runner.xla_cpu_flags``'s default)."""

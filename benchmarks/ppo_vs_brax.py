@@ -133,6 +133,7 @@ from brax_common import (  # noqa: E402
     flops_per_env_step,
     log,
     our_default_env,
+    own_processes_keys,
     parse_cpus,
     run_sides,
     run_sides_in_processes,
@@ -607,14 +608,9 @@ def main_own_processes(args, argv: list[str]) -> int:
         "time_to_threshold_ratio": ratio("time_to_threshold_s"),
         "peer": "brax.training.agents.ppo.train.train with its defaults for everything the mapping above does "
                 "not set; its own process, the environment as it is",
-        "pinning": f"both sides on cores {cpus} (sched_setaffinity before each starts), one process at a time",
-        "threads": "XLA's defaults on both sides (the same CPU backend)",
         "precision": "float32 on both sides",
     }
-    # No JAX in this process: the peak our side's process measured on the same cores, or
-    # --peak-gflops.
-    peak = args.peak_gflops * 1e9 if args.peak_gflops else (results.get("ours") or {}).get("peak_flops_per_s")
-    out.update(flops_keys(results, peak))
+    out.update(own_processes_keys(results, cpus, args.peak_gflops))
     if "ours" in results and "brax" in results:
         log(f"ratio (ours/brax steady steps/s, own processes): {out['ratio']} | time_to_threshold_ratio: "
             f"{out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")

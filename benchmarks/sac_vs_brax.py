@@ -79,6 +79,7 @@ from brax_common import (  # noqa: E402
     _summary,
     log,
     our_default_env,
+    own_processes_keys,
     parse_cpus,
     run_sides,
     run_sides_in_processes,
@@ -327,13 +328,8 @@ def main_own_processes(args, argv: list[str]) -> int:
         "ratio": ratio("steady_steps_per_sec"),
         "peer": "brax.training.agents.sac.train.train with its defaults for everything the mapping in this script's "
                 "docstring does not set; its own process, the environment as it is",
-        "pinning": f"both sides on cores {cpus} (sched_setaffinity before each starts), one process at a time",
-        "threads": "XLA's defaults on both sides (the same CPU backend)",
     }
-    # No JAX in this process: the peak our side's process measured on the same cores, or
-    # --peak-gflops.
-    peak = args.peak_gflops * 1e9 if args.peak_gflops else (results.get("ours") or {}).get("peak_flops_per_s")
-    out.update(flops_keys(results, peak))
+    out.update(own_processes_keys(results, cpus, args.peak_gflops))
     if "ours" in results and "brax" in results:
         log(f"ratio (ours/brax steady env steps/s, own processes, {out['precision']}): {out['ratio']} | "
             f"time_to_threshold_ratio: {out['time_to_threshold_ratio']} | compile_ratio: {out['compile_ratio']}")

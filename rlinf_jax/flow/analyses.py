@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jax._src import config as jax_config  # the compile settings, as jax._src.compiler reads them
+
 # Bumped when the fields below change meaning: older files are then misses.
 FORMAT = 1
 
@@ -60,8 +62,6 @@ class Analysis:
 def _compile_settings() -> list:
     """JAX's settings that `jax._src.compiler` hands the compiler beside the program (read
     from the same private states it reads; one missing in another JAX reads as None)."""
-    from jax._src import config as jax_config
-
     names = ("exec_time_optimization_effort", "memory_fitting_effort", "optimization_level",
              "memory_fitting_level", "enable_remat_opt_pass", "jax_xla_profile_version")
     return [str(getattr(getattr(jax_config, n, None), "value", None)) for n in names]
