@@ -236,10 +236,13 @@ def parse_cpus(spec: str | None) -> list[int]:
     if spec is None:
         return allowed
     cpus = []
-    for part in str(spec).split(","):
-        lo, _, hi = part.partition("-")
-        cpus += list(range(int(lo), int(hi or lo) + 1))
-    if not set(cpus) <= set(allowed):
+    try:
+        for part in str(spec).split(","):
+            lo, _, hi = part.partition("-")
+            cpus += list(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SystemExit(f"error: --cpus {spec}: give cores as 0-1 or 0,2") from None
+    if not cpus or not set(cpus) <= set(allowed):
         raise SystemExit(f"error: --cpus {spec}: this process may use only cores {allowed}")
     return sorted(set(cpus))
 

@@ -167,6 +167,7 @@ def main(argv=None) -> None:
                         help="HF configurations to time (module docstring); the ratio is against the fastest")
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
+    args.hf = list(dict.fromkeys(args.hf))  # each configuration once
     shapes = SIZES[args.size]
 
     # sdpa: transformers' default (and its fastest CPU) attention.

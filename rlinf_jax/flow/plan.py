@@ -290,7 +290,8 @@ def compile_program(p: Program, chip: Chip, residents: Sequence[Resident], costs
     others_bytes = sum(bytes_per_chip(r.tree) for r in others)
     t0 = time.perf_counter()
     lowered = p.fn.lower(*p.args, **p.kwargs)
-    key = analyses.key(lowered, [d.id for d in devices]) if analyses is not None else None
+    # A memory-only compile reads no costs, so it neither reads nor writes the cache.
+    key = analyses.key(lowered, [d.id for d in devices]) if analyses is not None and costs else None
     found = analyses.get(key) if key is not None else None
     cached = found is not None
     if found is None:
