@@ -12,8 +12,8 @@ from rlinf_jax.runtime import read_metrics
 from rlinf_jax.cli.train import main
 
 TINY = [
-    "actor.model.lm_hidden_size=64", "actor.model.lm_intermediate_size=128", "actor.model.lm_num_layers=2",
-    "actor.model.lm_num_heads=2", "actor.model.lm_num_kv_heads=1",
+    "actor.model.lm.hidden_size=64", "actor.model.lm.intermediate_size=128", "actor.model.lm.num_layers=2",
+    "actor.model.lm.num_heads=2", "actor.model.lm.num_kv_heads=1",
     "data.train_levels=[1]", "data.eval_levels=[1]", "data.eval_size=16", "rollout.eval_batch_size=16",
     "runner.progress_bar=false", "runner.tensorboard=false", "runner.log_interval=1",
     "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.global_batch_size=8", "actor.micro_batch_size=8",

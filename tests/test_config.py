@@ -190,6 +190,44 @@ def test_resolved_yaml_round_trips(tmp_path):
     assert load_config_file(p, ["runner.seed=9"]).runner.seed == 9
 
 
+def test_a_saved_config_with_the_flat_model_names_reads_as_the_nested_keys(tmp_path):
+    # Run folders saved before the model's keys were nested by kind hold actor.model.lm_*,
+    # vla_* and pi0_*; they load to the same config the nested names give.
+    cfg = load_config("ppo_pi0_tabletop", ["actor.model.lm.hidden_size=32", "actor.model.vla.n_bins=16",
+                                           "actor.model.pi0.num_steps=3"])
+    text = config_to_yaml(cfg)
+    flat = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in ("lm:", "vla:", "pi0:"):
+            kind = stripped[:-1]
+            continue
+        if line.startswith("      ") and not line.startswith("       "):
+            flat.append(f"    {kind}_{stripped}")  # one level up, prefixed
+        else:
+            flat.append(line)
+    old = tmp_path / "config.yaml"
+    old.write_text("\n".join(flat) + "\n")
+    assert "    lm_hidden_size: 32" in old.read_text() and "    pi0_num_steps: 3" in old.read_text()
+    assert load_config_file(old) == cfg
+    both = tmp_path / "both.yaml"
+    both.write_text(old.read_text().replace("  model:\n", "  model:\n    lm:\n      hidden_size: 8\n", 1))
+    with pytest.raises(BadInput, match="actor.model.lm_hidden_size and actor.model.lm.hidden_size are both set"):
+        load_config_file(both)
+
+
+def test_an_old_flat_model_name_is_one_error_line_naming_the_new_key(tmp_path):
+    msg = bad(["actor.model.lm_hidden_size=64"], name="sft_math")
+    assert "actor.model.lm_hidden_size" in msg and "is now called actor.model.lm.hidden_size" in msg
+    write(tmp_path, "r", """
+        actor:
+          model:
+            pi0_num_steps: 2
+    """)
+    msg = bad(name="r", config_dir=tmp_path)
+    assert "actor.model.pi0_num_steps in recipe r.yaml is now called actor.model.pi0.num_steps" in msg
+
+
 def test_resume_accepts_existing_path(tmp_path):
     assert load_config(overrides=[f"runner.resume={tmp_path}"]).runner.resume == str(tmp_path)
     assert load_config(overrides=["runner.resume=auto"]).runner.resume == "auto"
@@ -239,8 +277,8 @@ def test_resume_accepts_existing_path(tmp_path):
     (["cluster.scaling=sometimes"], ["cluster.scaling='sometimes'", "static, dynamic"]),
     (["cluster.scaling=dynamic"], ["cluster.scaling=dynamic", "component_placement=disaggregated"]),
     (["actor.model.activation=sigmoid"], ["actor.model.activation='sigmoid'", "relu", "swish"]),
-    (["actor.model.vla_logprob_level=slot"], ["actor.model.vla_logprob_level='slot'", "chunk, action or token"]),
-    (["actor.model.kind=pi0", "actor.model.vla_logprob_level=token"], ["vla_logprob_level=token", "set it to chunk"]),
+    (["actor.model.vla.logprob_level=slot"], ["actor.model.vla.logprob_level='slot'", "chunk, action or token"]),
+    (["actor.model.kind=pi0", "actor.model.vla.logprob_level=token"], ["vla.logprob_level=token", "set it to chunk"]),
 ])
 def test_bad_overrides(overrides, must_contain):
     msg = bad(overrides)
@@ -339,13 +377,13 @@ def test_every_packaged_recipe_sets_only_keys_its_task_reads(name):
     ("ppo_brax", "algorithm.clip_high=0.28", "clips both sides with algorithm.clip_eps"),
     ("ppo_brax", "data.rollout_batch_size=8", "is not read by an embodied run"),
     ("ppo_brax", "env.layout=task", "is not read by an embodied run"),  # a tabletop key on brax
-    ("ppo_brax", "actor.model.vla_n_bins=64", "is not read by an embodied run"),
+    ("ppo_brax", "actor.model.vla.n_bins=64", "is not read by an embodied run"),
     ("grpo_math", "env.num_envs=4", "prompts per iteration are data.rollout_batch_size"),
     ("grpo_math", "algorithm.clip_eps=0.2", "clips with algorithm.clip_low and algorithm.clip_high"),
     ("grpo_math", "flow.num_micro_batches=2", "is not read by a reasoning run"),
     ("sft_math", "sft.lr=1e-4", "an sft run learns at actor.optim.lr"),
     ("sft_vla_tabletop", "actor.optim.lr=1e-4", "clones at sft.lr"),
-    ("ppo_pi0_tabletop", "actor.model.vla_n_bins=16", "of actor.model.kind=pi0"),
+    ("ppo_pi0_tabletop", "actor.model.vla.n_bins=16", "of actor.model.kind=pi0"),
 ])
 def test_a_key_the_task_would_ignore_is_one_error_line(recipe, override, fragment, capsys):
     from rlinf_jax.cli.train import main
@@ -376,6 +414,6 @@ def test_a_backbone_other_than_the_models_own_is_refused():
     from rlinf_jax.tasks.registry import load_run_config
 
     with pytest.raises(BadInput, match="built on a llama backbone"):
-        load_run_config("ppo_vla_tabletop", ["actor.model.lm_model_type=qwen2"])
+        load_run_config("ppo_vla_tabletop", ["actor.model.lm.model_type=qwen2"])
     with pytest.raises(BadInput, match="clones a VLA"):
         load_run_config("sft_math", ["actor.model.kind=pi0"])

@@ -201,8 +201,8 @@ def test_set_matmul_reroutes_a_built_model():
 
 
 TINY_SFT = [
-    "actor.model.lm_hidden_size=32", "actor.model.lm_intermediate_size=64", "actor.model.lm_num_layers=1",
-    "actor.model.lm_num_heads=2", "actor.model.lm_num_kv_heads=1", "data.eval_size=16",
+    "actor.model.lm.hidden_size=32", "actor.model.lm.intermediate_size=64", "actor.model.lm.num_layers=1",
+    "actor.model.lm.num_heads=2", "actor.model.lm.num_kv_heads=1", "data.eval_size=16",
     "rollout.max_new_tokens=12", "rollout.eval_batch_size=16", "runner.progress_bar=false",
     "runner.tensorboard=false", "actor.global_batch_size=16", "actor.micro_batch_size=8",
     "actor.optim.warmup_steps=0", "actor.optim.lr=3e-3", "runner.max_steps=12", "runner.log_interval=1",

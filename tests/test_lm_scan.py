@@ -313,8 +313,8 @@ def test_a_scanned_sampler_on_a_mesh_samples_what_the_unrolled_one_does(monkeypa
     np.testing.assert_allclose(jax.device_get(got.logprobs), jax.device_get(want.logprobs), rtol=1e-4, atol=1e-5)
 
 
-SFT = ["--config-name", "sft_math", "actor.model.lm_hidden_size=32", "actor.model.lm_intermediate_size=64",
-       "actor.model.lm_num_layers=2", "actor.model.lm_num_heads=2", "actor.model.lm_num_kv_heads=1",
+SFT = ["--config-name", "sft_math", "actor.model.lm.hidden_size=32", "actor.model.lm.intermediate_size=64",
+       "actor.model.lm.num_layers=2", "actor.model.lm.num_heads=2", "actor.model.lm.num_kv_heads=1",
        "actor.model.lora_rank=4", "actor.model.lora_alpha=8", "actor.global_batch_size=8",
        "actor.micro_batch_size=4", "actor.optim.warmup_steps=0", "actor.optim.lr=3e-3", "data.eval_size=8",
        "rollout.max_new_tokens=12", "rollout.eval_batch_size=8", "runner.max_steps=2", "runner.save_interval=2",

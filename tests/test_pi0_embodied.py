@@ -24,12 +24,12 @@ from tests.test_vla_flow import _obs as vla_obs
 
 # The tiny VLA's sizes (less the keys only a VLA reads) plus a one-layer expert and 3
 # denoising steps.
-VLA_ONLY = ("actor.model.vla_n_bins", "sft.dagger_rounds", "sft.critic_warmup_steps")
+VLA_ONLY = ("actor.model.vla.n_bins", "sft.dagger_rounds", "sft.critic_warmup_steps")
 TINY_PI0 = [
     *(o for o in TINY_VLA if not o.startswith(VLA_ONLY)),
-    "actor.model.pi0_expert_hidden_size=16",
-    "actor.model.pi0_expert_intermediate_size=32",
-    "actor.model.pi0_num_steps=3",
+    "actor.model.pi0.expert_hidden_size=16",
+    "actor.model.pi0.expert_intermediate_size=32",
+    "actor.model.pi0.num_steps=3",
 ]
 N, H, A = 3, 2, 7
 
@@ -45,9 +45,9 @@ class Jitted:
     def __init__(self, method: str):
         from rlinf_jax.policies.embodied import embodied_policy
 
-        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0_method={method}"])
+        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}"])
         self.policy = policy = embodied_policy(cfg, make_env(cfg.env))
-        self.noise_level = cfg.actor.model.pi0_noise_level
+        self.noise_level = cfg.actor.model.pi0.noise_level
         graphdef, self.params = nnx.split(policy.build(nnx.Rngs(0)))
         merge = lambda p: nnx.merge(graphdef, p)  # noqa: E731
         self.act = jax.jit(lambda p, obs, keys: policy.act(merge(p), obs, keys))
@@ -178,10 +178,10 @@ def test_flow_matching_warm_start_beats_the_mean_action():
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("actor.model.pi0_method=ode", "pi0_method='ode' is unknown"),
-        ("actor.model.pi0_num_steps=0", "pi0_num_steps=0 must be >= 1"),
-        ("actor.model.pi0_expert_hidden_size=15", "must be even"),
-        ("actor.model.pi0_noise_level=0", "pi0_noise_level=0.0 must be"),
+        ("actor.model.pi0.method=ode", "pi0.method='ode' is unknown"),
+        ("actor.model.pi0.num_steps=0", "pi0.num_steps=0 must be >= 1"),
+        ("actor.model.pi0.expert_hidden_size=15", "must be even"),
+        ("actor.model.pi0.noise_level=0", "pi0.noise_level=0.0 must be"),
     ],
 )
 def test_bad_pi0_settings_are_refused(override, fragment):

@@ -23,9 +23,9 @@ pytest.importorskip("libtpu", reason="the planner compiles for TPUs through libt
 # A reasoning run small enough to compile in seconds, with a model whose parameters
 # dominate what the rollout's prefill takes (so its argument bytes are the parameters').
 TINY_PLAN = [
-    "actor.model.scan_layers=true", "actor.model.lm_num_layers=2", "actor.model.lm_hidden_size=512",
-    "actor.model.lm_intermediate_size=1024", "actor.model.lm_num_heads=4", "actor.model.lm_num_kv_heads=2",
-    "actor.model.lm_vocab_size=4096", "data.rollout_batch_size=4", "algorithm.group_size=2",
+    "actor.model.scan_layers=true", "actor.model.lm.num_layers=2", "actor.model.lm.hidden_size=512",
+    "actor.model.lm.intermediate_size=1024", "actor.model.lm.num_heads=4", "actor.model.lm.num_kv_heads=2",
+    "actor.model.lm.vocab_size=4096", "data.rollout_batch_size=4", "algorithm.group_size=2",
     "data.max_prompt_length=16", "rollout.max_new_tokens=8", "actor.global_batch_size=8", "actor.micro_batch_size=4",
     "cluster.mesh={actor: {fsdp: all}, rollout: {fsdp: all}}",
 ]
@@ -34,8 +34,8 @@ TINY_PLAN = [
 def _tiny_lm_params(cfg) -> int:
     """The parameters of a recipe's tiny Qwen2-shaped model, counted by hand."""
     m = cfg.actor.model
-    h, f, v, layers = m.lm_hidden_size, m.lm_intermediate_size, m.lm_vocab_size, m.lm_num_layers
-    kv = h // m.lm_num_heads * m.lm_num_kv_heads
+    h, f, v, layers = m.lm.hidden_size, m.lm.intermediate_size, m.lm.vocab_size, m.lm.num_layers
+    kv = h // m.lm.num_heads * m.lm.num_kv_heads
     per_layer = h * h * 2 + h * kv * 2 + h + 2 * kv + 3 * h * f + 2 * h  # q,o; k,v; q/k/v biases; MLP; norms
     return v * h + layers * per_layer + h  # tied embedding, blocks, final norm
 
@@ -124,7 +124,7 @@ def test_bytes_per_chip_follow_the_shardings():
 @pytest.mark.slow
 def test_a_run_that_cannot_fit_is_refused_in_one_line_and_its_remedy_found(tmp_path):
     # A real vocabulary at a large batch: the float32 logits alone outgrow a v5e chip.
-    big = [*TINY_PLAN, "actor.model.lm_vocab_size=151936", "data.rollout_batch_size=32", "algorithm.group_size=8",
+    big = [*TINY_PLAN, "actor.model.lm.vocab_size=151936", "data.rollout_batch_size=32", "algorithm.group_size=8",
            "rollout.max_new_tokens=1024", "data.max_prompt_length=512", "actor.global_batch_size=256",
            "actor.micro_batch_size=64"]
     proc = subprocess.run([sys.executable, "-m", "rlinf_jax.plan", "--config-name", "grpo_math", "--target", "v5e:2x2",
@@ -181,8 +181,8 @@ def test_a_gpu_target_without_its_host_devices_is_one_line():
 # (the accumulation loop's other trip is costed), the parameters split four ways (FSDP) in
 # slices of whole 128-lane tiles (so no padding blurs the count), data-parallel beyond.
 TINY_SFT = [
-    "actor.model.scan_layers=true", "actor.model.lm_num_layers=2", "actor.model.lm_hidden_size=512",
-    "actor.model.lm_intermediate_size=1024", "actor.model.lm_vocab_size=4096", "data.max_prompt_length=16",
+    "actor.model.scan_layers=true", "actor.model.lm.num_layers=2", "actor.model.lm.hidden_size=512",
+    "actor.model.lm.intermediate_size=1024", "actor.model.lm.vocab_size=4096", "data.max_prompt_length=16",
     "rollout.max_new_tokens=8", "actor.global_batch_size=16", "actor.micro_batch_size=8",
     "cluster.mesh={actor: {data: all, fsdp: 4}}",
 ]

@@ -15,11 +15,11 @@ from rlinf_jax.cli.train import main
 
 # A 2-layer, 64-wide model on single-digit sums: a 60-step warm start answers a few.
 TINY_LM = [
-    "actor.model.lm_hidden_size=64",
-    "actor.model.lm_intermediate_size=128",
-    "actor.model.lm_num_layers=2",
-    "actor.model.lm_num_heads=2",
-    "actor.model.lm_num_kv_heads=1",
+    "actor.model.lm.hidden_size=64",
+    "actor.model.lm.intermediate_size=128",
+    "actor.model.lm.num_layers=2",
+    "actor.model.lm.num_heads=2",
+    "actor.model.lm.num_kv_heads=1",
     "data.train_levels=[1]",
     "data.eval_levels=[1]",
     "data.eval_size=32",

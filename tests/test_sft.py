@@ -20,11 +20,11 @@ from rlinf_jax.runtime import read_metrics
 
 # A model small enough to compile and train in seconds.
 TINY_LM = [
-    "actor.model.lm_hidden_size=32",
-    "actor.model.lm_intermediate_size=64",
-    "actor.model.lm_num_layers=1",
-    "actor.model.lm_num_heads=2",
-    "actor.model.lm_num_kv_heads=1",
+    "actor.model.lm.hidden_size=32",
+    "actor.model.lm.intermediate_size=64",
+    "actor.model.lm.num_layers=1",
+    "actor.model.lm.num_heads=2",
+    "actor.model.lm.num_kv_heads=1",
     "data.eval_size=16",
     "rollout.max_new_tokens=12",
     "rollout.eval_batch_size=16",

@@ -28,16 +28,16 @@ TINY_VLA_MODEL = [
     "env.image_size=16",
     "env.chunk_length=2",
     "env.episode_length=4",
-    "actor.model.vla_patch_size=8",
-    "actor.model.vla_vision_hidden_size=16",
-    "actor.model.vla_vision_layers=1",
-    "actor.model.vla_vision_heads=1",
-    "actor.model.lm_hidden_size=32",
-    "actor.model.lm_intermediate_size=64",
-    "actor.model.lm_num_layers=1",
-    "actor.model.lm_num_heads=2",
-    "actor.model.lm_num_kv_heads=1",
-    "actor.model.vla_n_bins=8",
+    "actor.model.vla.patch_size=8",
+    "actor.model.vla.vision_hidden_size=16",
+    "actor.model.vla.vision_layers=1",
+    "actor.model.vla.vision_heads=1",
+    "actor.model.lm.hidden_size=32",
+    "actor.model.lm.intermediate_size=64",
+    "actor.model.lm.num_layers=1",
+    "actor.model.lm.num_heads=2",
+    "actor.model.lm.num_kv_heads=1",
+    "actor.model.vla.n_bins=8",
     "sft.dagger_rounds=0",
     "runner.progress_bar=false",
 ]
@@ -90,7 +90,7 @@ def test_chunk_logprob_entropy_and_actions_match_a_per_slot_reference():
 
     # Reference: every slot is its own categorical over the bins at the sampling
     # temperature; the chunk's log-prob is the sum over slots, its entropy likewise.
-    assert policy.temperature == cfg.actor.model.vla_temperature
+    assert policy.temperature == cfg.actor.model.vla.temperature
     lp = _log_softmax(np.asarray(logits, np.float64) / policy.temperature)
     b = np.asarray(bins)
     ref_logprob = np.array([sum(lp[i, s, b[i, s]] for s in range(14)) for i in range(3)])
@@ -126,7 +126,7 @@ def test_finer_logprob_levels_give_one_clipped_ratio_per_step_or_token(level):
     from rlinf_jax.tasks.embodied.setup import make_setup
     from rlinf_jax.tasks.embodied.algorithm import PPO
 
-    cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, f"actor.model.vla_logprob_level={level}"])
+    cfg = load_config("ppo_vla_tabletop", [*TINY_VLA, f"actor.model.vla.logprob_level={level}"])
     algorithm = PPO(cfg, make_setup(cfg), data_mesh(1))
     params = algorithm._init_params
     model = algorithm.learner.model(params)

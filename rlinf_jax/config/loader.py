@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover  (private API)
     get_yaml_loader = None
 
-from rlinf_jax.config.schema import Config
+from rlinf_jax.config.schema import Config, LMSection, Pi0Section, VLASection
 from rlinf_jax.errors import BadInput
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -81,6 +81,14 @@ SECTIONS = _schema_sections()
 # Mappings whose keys are the user's own (mesh axes, a simulator's keyword arguments).
 OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules", "env.gym_kwargs",
                "agent.skyrl_env_config"}
+# The model's keys once sat flat in actor.model with their kind as a prefix (lm_hidden_size);
+# they are nested by kind now (lm.hidden_size). Old name -> new name, for the one-line error
+# that names the new key and for reading run folders saved with the old names.
+RENAMED = {
+    f"actor.model.{kind}_{f.name}": f"actor.model.{kind}.{f.name}"
+    for kind, section in (("lm", LMSection), ("vla", VLASection), ("pi0", Pi0Section))
+    for f in dataclasses.fields(section)
+}
 FLOW_RUNNERS = ("fused", "staged", "auto")
 PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
 SCALINGS = ("static", "dynamic")
@@ -148,6 +156,8 @@ def _check_keys(tree: dict, where: str, prefix: str = "") -> None:
                     f"set its keys one by one, e.g. {example}=..."
                 )
             _check_keys(value, where, path + ".")
+        elif path in RENAMED:
+            raise _bad(f"{path} {where} is now called {RENAMED[path]}; rename it")
         elif path not in LEAVES:
             # Report the full dotted path (runnr.max_steps, not runnr) so the suggestion
             # can point at the exact key meant.
@@ -450,7 +460,27 @@ def load_config_file(path: str | os.PathLike, overrides: Iterable[str] = ()) -> 
     path = Path(path)
     if not path.is_file():
         raise _bad(f"config file {path} does not exist")
-    return _build(_load_layers(path, "config file", RECIPE_DIR), overrides)[0]
+    layers = [(where, _renamed_to_nested(data, where)) for where, data in _load_layers(path, "config file", RECIPE_DIR)]
+    return _build(layers, overrides)[0]
+
+
+def _renamed_to_nested(data: dict, where: str) -> dict:
+    """A saved config with the model's old flat names (``RENAMED``), written by an earlier
+    version, as the nested keys it means now; a run folder keeps resuming across the rename."""
+    model = _dig(data, "actor.model")
+    if not isinstance(model, dict):
+        return data
+    model = dict(model)
+    for old, new in RENAMED.items():
+        name = old.rpartition(".")[2]
+        if name not in model:
+            continue
+        kind, key = new.split(".")[-2:]
+        section = model.get(kind) or {}
+        if not isinstance(section, dict) or key in section:
+            raise _bad(f"{old} and {new} are both set {where}; keep {new} only")
+        model[kind] = {**section, key: model.pop(name)}
+    return {**data, "actor": {**data["actor"], "model": model}}
 
 
 def config_to_yaml(cfg: Config) -> str:
@@ -561,28 +591,28 @@ def _validate_model(m) -> None:
             f"actor.model.{name}={sizes} must hold positive layer widths, e.g. [64,64]",
         )
     _require(m.min_std >= 0, f"actor.model.min_std={m.min_std} must be >= 0")
-    for name in ("lm_vocab_size", "lm_hidden_size", "lm_intermediate_size", "lm_num_layers", "lm_num_heads",
-                 "lm_num_kv_heads", "lm_max_position_embeddings"):
-        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "max_position_embeddings"):
+        _require(getattr(m.lm, name) >= 1, f"actor.model.lm.{name}={getattr(m.lm, name)} must be >= 1")
     _require(m.lora_rank >= 0, f"actor.model.lora_rank={m.lora_rank} must be >= 0 (0 = full fine-tuning)")
     _require(math.isfinite(m.lora_alpha) and m.lora_alpha > 0, f"actor.model.lora_alpha={m.lora_alpha} must be > 0")
-    for name in ("vla_patch_size", "vla_vision_hidden_size", "vla_vision_layers", "vla_vision_heads"):
-        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
-    _require(m.vla_n_bins >= 2, f"actor.model.vla_n_bins={m.vla_n_bins} must be >= 2")
-    _require(m.vla_temperature > 0, f"actor.model.vla_temperature={m.vla_temperature} must be > 0")
+    for name in ("patch_size", "vision_hidden_size", "vision_layers", "vision_heads"):
+        _require(getattr(m.vla, name) >= 1, f"actor.model.vla.{name}={getattr(m.vla, name)} must be >= 1")
+    _require(m.vla.n_bins >= 2, f"actor.model.vla.n_bins={m.vla.n_bins} must be >= 2")
+    _require(m.vla.temperature > 0, f"actor.model.vla.temperature={m.vla.temperature} must be > 0")
     _require(
-        m.vla_logprob_level in ("chunk", "action", "token"),
-        f"actor.model.vla_logprob_level={m.vla_logprob_level!r} is unknown; choose chunk, action or token",
+        m.vla.logprob_level in ("chunk", "action", "token"),
+        f"actor.model.vla.logprob_level={m.vla.logprob_level!r} is unknown; choose chunk, action or token",
     )
-    for name in ("pi0_expert_hidden_size", "pi0_expert_intermediate_size", "pi0_num_steps"):
-        _require(getattr(m, name) >= 1, f"actor.model.{name}={getattr(m, name)} must be >= 1")
+    for name in ("expert_hidden_size", "expert_intermediate_size", "num_steps"):
+        _require(getattr(m.pi0, name) >= 1, f"actor.model.pi0.{name}={getattr(m.pi0, name)} must be >= 1")
     _require(
-        m.pi0_expert_hidden_size % 2 == 0,
-        f"actor.model.pi0_expert_hidden_size={m.pi0_expert_hidden_size} must be even (sin/cos time embedding)",
+        m.pi0.expert_hidden_size % 2 == 0,
+        f"actor.model.pi0.expert_hidden_size={m.pi0.expert_hidden_size} must be even (sin/cos time embedding)",
     )
     _require(
-        m.pi0_method in ("flow_sde", "flow_noise"),
-        f"actor.model.pi0_method={m.pi0_method!r} is unknown; choose flow_sde or flow_noise",
+        m.pi0.method in ("flow_sde", "flow_noise"),
+        f"actor.model.pi0.method={m.pi0.method!r} is unknown; choose flow_sde or flow_noise",
     )
     _require(
         not m.architecture or m.kind in ("vla", "pi0"),
@@ -590,8 +620,8 @@ def _validate_model(m) -> None:
         f"(not {m.kind})",
     )
     _require(
-        math.isfinite(m.pi0_noise_level) and m.pi0_noise_level > 0,
-        f"actor.model.pi0_noise_level={m.pi0_noise_level} must be a finite number > 0",
+        math.isfinite(m.pi0.noise_level) and m.pi0.noise_level > 0,
+        f"actor.model.pi0.noise_level={m.pi0.noise_level} must be a finite number > 0",
     )
 
 

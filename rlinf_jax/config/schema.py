@@ -117,6 +117,57 @@ class EnvConfig:
 
 
 @dataclass
+class LMSection:
+    """``actor.model.lm``: the sizes of a fresh language model (runner.task sft | reasoning
+    with actor.model.path=""), of a VLA's Llama backbone (kind=vla) and of pi0's Gemma prefix
+    (kind=pi0)."""
+
+    model_type: str = "qwen2"  # llama | qwen2 | qwen3 | gemma
+    vocab_size: int = 100  # the character tokenizer's 100 ids
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = True
+
+
+@dataclass
+class VLASection:
+    """``actor.model.vla`` (kind=vla; pi0 reads the tower's sizes): the tiny OpenVLA-shaped
+    policy's SigLIP-style tower, and its action chunks decoded in parallel over ``n_bins``
+    bins per dimension."""
+
+    patch_size: int = 8
+    vision_hidden_size: int = 64
+    vision_layers: int = 2
+    vision_heads: int = 2
+    n_bins: int = 256
+    temperature: float = 1.0
+    # The unit PPO's ratio is taken over (RLinf's logprob_type): "chunk" (the log-probs of
+    # all chunk x 7 action tokens summed: one ratio per chunk), "action" (one per step of
+    # the chunk, its 7 dimensions summed) or "token" (one per action token); the advantage
+    # of the chunk applies to each, and the loss averages over them.
+    logprob_level: str = "chunk"
+
+
+@dataclass
+class Pi0Section:
+    """``actor.model.pi0`` (kind=pi0): a tiny pi0 is the ``vla`` tower, the ``lm`` sizes as
+    its Gemma prefix, and a Gemma action expert of these sizes sharing the prefix's layers,
+    KV heads and head_dim, denoising each action chunk in ``num_steps`` flow-matching steps.
+    RL log-probs come from flow_sde (one random SDE step of noise level ``noise_level``) or
+    flow_noise (a learned std at every step)."""
+
+    expert_hidden_size: int = 32
+    expert_intermediate_size: int = 64
+    num_steps: int = 4
+    method: str = "flow_sde"  # flow_sde | flow_noise
+    noise_level: float = 0.5
+
+
+@dataclass
 class PolicyConfig:
     # Embodied runs: "mlp" (tanh-Gaussian actor + value MLP on flat observations), "vla"
     # (a vision-language-action model on image + instruction + proprioception) or "pi0"
@@ -136,7 +187,7 @@ class PolicyConfig:
     # with AMX), so the default is float32.
     compute_dtype: str = "float32"
     # Language models (runner.task sft | reasoning). ``path``: "" builds a fresh model of the
-    # lm_* sizes below (the offline tiny character-level model); otherwise a run folder or
+    # actor.model.lm sizes (the offline tiny character-level model); otherwise a run folder or
     # checkpoint of an sft/reasoning run, a Hugging Face directory (config.json + safetensors)
     # or a converted directory (config.json + params/).
     path: str = ""
@@ -153,15 +204,6 @@ class PolicyConfig:
     # compiler; one device; dtype float32 or bfloat16). On CPUs with AMX tiles MKL's bfloat16
     # products run several times faster than XLA's, which run slower than its float32 ones.
     matmul: str = "xla"
-    lm_model_type: str = "qwen2"  # llama | qwen2 | qwen3 | gemma
-    lm_vocab_size: int = 100  # the character tokenizer's 100 ids
-    lm_hidden_size: int = 256
-    lm_intermediate_size: int = 688
-    lm_num_layers: int = 4
-    lm_num_heads: int = 4
-    lm_num_kv_heads: int = 2
-    lm_max_position_embeddings: int = 512
-    lm_tie_word_embeddings: bool = True
     # Language models: the decoder blocks stacked on a leading layer axis and run under one
     # lax.scan, so XLA compiles one block whatever the depth (minutes instead of tens for a
     # 28-layer model); the same numbers as the unrolled blocks up to float rounding. A run's
@@ -186,31 +228,14 @@ class PolicyConfig:
     # backward pass, so the [batch, tokens, vocab] float32 logits never exist whole (10 GiB
     # at 16 x 1024 tokens of a 152k vocabulary). 0 = the whole vocabulary at once.
     logits_chunk: int = 0
-    # kind=vla: the tiny OpenVLA-shaped policy (a SigLIP-style tower of these sizes, the
-    # lm_* Llama backbone, action chunks decoded in parallel over vla_n_bins bins per dim).
-    vla_patch_size: int = 8
-    vla_vision_hidden_size: int = 64
-    vla_vision_layers: int = 2
-    vla_vision_heads: int = 2
-    vla_n_bins: int = 256
-    vla_temperature: float = 1.0
-    # The unit PPO's ratio is taken over (RLinf's logprob_type): "chunk" (the log-probs of
-    # all chunk x 7 action tokens summed: one ratio per chunk), "action" (one per step of
-    # the chunk, its 7 dimensions summed) or "token" (one per action token); the advantage
-    # of the chunk applies to each, and the loss averages over them.
-    vla_logprob_level: str = "chunk"
-    # kind=pi0: a tiny pi0 (the vla_* tower, the lm_* sizes as its Gemma prefix, a Gemma
-    # action expert of these sizes sharing the prefix's layers, KV heads and head_dim)
-    # denoising each action chunk in pi0_num_steps flow-matching steps; RL log-probs by
-    # flow_sde (one random SDE step of noise level pi0_noise_level) or flow_noise (a learned
-    # std at every step).
-    pi0_expert_hidden_size: int = 32
-    pi0_expert_intermediate_size: int = 64
-    pi0_num_steps: int = 4
-    pi0_method: str = "flow_sde"  # flow_sde | flow_noise
-    pi0_noise_level: float = 0.5
+    # The model's sections by kind: a language model's sizes (the LM tasks' fresh model, a
+    # VLA's backbone, pi0's Gemma prefix), a VLA's vision tower and action decoding, pi0's
+    # action expert and denoising chain.
+    lm: LMSection = field(default_factory=LMSection)
+    vla: VLASection = field(default_factory=VLASection)
+    pi0: Pi0Section = field(default_factory=Pi0Section)
     # kind=vla or pi0: a published architecture by name ("openvla-7b", "pi0") instead of the
-    # vla_* / lm_* / pi0_expert_* sizes, its action and state projections sized for the env
+    # vla / lm / pi0 sizes, its action and state projections sized for the env
     # (which must render the model's image size). Fresh weights: plan such a run before
     # launching it (`python -m rlinf_jax.plan`); "" = the sizes above.
     architecture: str = ""

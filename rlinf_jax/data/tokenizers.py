@@ -29,7 +29,7 @@ def run_tokenizer(spec: str, vocab_size: int | None = None):
         raise BadInput(
             f"the tokenizer ({spec}) has {len(tok)} ids but the model's vocabulary holds {vocab_size}, so "
             "some ids have no embedding; set data.tokenizer to the tokenizer the model was trained with "
-            "(a fresh model: a larger actor.model.lm_vocab_size)"
+            "(a fresh model: a larger actor.model.lm.vocab_size)"
         )
     return tok
 

@@ -9,7 +9,7 @@ over the action bins give one action dimension.
 Autoregressive decoding would cost ``chunk_length x 7`` cached passes per step, which is
 what makes OpenVLA slow to fine-tune with RL; the parallel form keeps the same discrete
 action space and log-probs at one pass: summed over the chunk (RLinf's chunk level, the
-default), per step of the chunk or per token (``actor.model.vla_logprob_level``).
+default), per step of the chunk or per token (``actor.model.vla.logprob_level``).
 
 The stored action is the chunk of bin indices ``[B, chunk x 7]`` (int32); the env gets bin
 centres in [-1, 1] shaped ``[B, chunk, 7]``. Proprioception enters as one projected token
@@ -35,20 +35,20 @@ from rlinf_jax.policies.vla.vit import ViTConfig
 
 
 def tower_config(model_cfg, image_size: int, *, final_norm: bool) -> ViTConfig:
-    """The SigLIP-style vision tower ``actor.model.vla_*`` describes, for ``image_size`` px."""
+    """The SigLIP-style vision tower ``actor.model.vla.*`` describes, for ``image_size`` px."""
     m = model_cfg
-    if image_size % m.vla_patch_size:
+    if image_size % m.vla.patch_size:
         raise BadInput(
-            f"actor.model.vla_patch_size={m.vla_patch_size} does not divide the env's {image_size} px images"
+            f"actor.model.vla.patch_size={m.vla.patch_size} does not divide the env's {image_size} px images"
         )
     return ViTConfig(
         model_type="siglip_vision_model",
-        hidden_size=m.vla_vision_hidden_size,
-        intermediate_size=4 * m.vla_vision_hidden_size,
-        num_layers=m.vla_vision_layers,
-        num_heads=m.vla_vision_heads,
+        hidden_size=m.vla.vision_hidden_size,
+        intermediate_size=4 * m.vla.vision_hidden_size,
+        num_layers=m.vla.vision_layers,
+        num_heads=m.vla.vision_heads,
         image_size=image_size,
-        patch_size=m.vla_patch_size,
+        patch_size=m.vla.patch_size,
         gelu_approximate=True,
         final_norm=final_norm,
     )
@@ -62,7 +62,7 @@ def published_vla(model_cfg, kind: str) -> dict:
     if name not in known:
         raise BadInput(
             f"actor.model.architecture={name!r} is not a published {kind} architecture this project knows; "
-            f"choose one of {', '.join(known)}, or leave it empty for the sizes actor.model.lm_* / vla_* give"
+            f"choose one of {', '.join(known)}, or leave it empty for the sizes actor.model.lm.* / vla.* give"
         )
     return PUBLISHED_VLA[name]
 
@@ -96,25 +96,25 @@ def tiny_openvla_config(model_cfg, image_size: int, text_vocab: int) -> OpenVLAC
     a Llama backbone whose vocabulary is the instruction words plus the action bins."""
     m = model_cfg
     vision = tower_config(m, image_size, final_norm=False)
-    head_dim = m.lm_hidden_size // m.lm_num_heads
+    head_dim = m.lm.hidden_size // m.lm.num_heads
     text = LMConfig(
         model_type="llama",
-        vocab_size=text_vocab + m.vla_n_bins,
-        hidden_size=m.lm_hidden_size,
-        intermediate_size=m.lm_intermediate_size,
-        num_layers=m.lm_num_layers,
-        num_heads=m.lm_num_heads,
-        num_kv_heads=m.lm_num_kv_heads,
+        vocab_size=text_vocab + m.vla.n_bins,
+        hidden_size=m.lm.hidden_size,
+        intermediate_size=m.lm.intermediate_size,
+        num_layers=m.lm.num_layers,
+        num_heads=m.lm.num_heads,
+        num_kv_heads=m.lm.num_kv_heads,
         head_dim=head_dim,
         rope=RopeConfig(),
-        max_position_embeddings=m.lm_max_position_embeddings,
+        max_position_embeddings=m.lm.max_position_embeddings,
     )
     return OpenVLAConfig(
         vision=(vision,),
-        vision_depths=(m.vla_vision_layers,),
+        vision_depths=(m.vla.vision_layers,),
         text=text,
-        n_action_bins=m.vla_n_bins,
-        action_vocab_end=text_vocab + m.vla_n_bins,
+        n_action_bins=m.vla.n_bins,
+        action_vocab_end=text_vocab + m.vla.n_bins,
     )
 
 
@@ -166,8 +166,8 @@ class ChunkVLAPolicy:
         self.config = openvla_config(model_cfg, image_size, text_vocab)
         self.chunk_length, self.action_size, self.proprio_size = chunk_length, action_size, proprio_size
         self.num_slots = chunk_length * action_size
-        self.temperature = float(model_cfg.vla_temperature)
-        self.logprob_level = model_cfg.vla_logprob_level
+        self.temperature = float(model_cfg.vla.temperature)
+        self.logprob_level = model_cfg.vla.logprob_level
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
         self.scan_layers, self.remat = bool(model_cfg.scan_layers), str(model_cfg.remat)
         self.tokenizer = self.config.tokenizer
@@ -183,7 +183,7 @@ class ChunkVLAPolicy:
         return self.tokenizer.decode(self.tokenizer.first_id + bins).reshape(bins.shape[0], self.chunk_length, self.action_size)
 
     def _stored_logprob(self, logp, bins):
-        """Log-probs of the chosen bins at ``vla_logprob_level``: ``[B]`` (chunk), ``[B,
+        """Log-probs of the chosen bins at ``vla.logprob_level``: ``[B]`` (chunk), ``[B,
         chunk]`` (action) or ``[B, chunk x 7]`` (token)."""
         token_lp = jnp.take_along_axis(logp, bins[..., None].astype(jnp.int32), axis=-1)[..., 0]
         return reduce_logprobs(token_lp, self.action_size, self.logprob_level)

@@ -1,8 +1,8 @@
 """pi0 as an embodied policy for the PPO / GRPO trainer (``actor.model.kind=pi0``).
 
-A tiny `pi0.Pi0` sized by ``actor.model``: a SigLIP-style tower (the ``vla_*`` sizes) and a
-Gemma prefix (the ``lm_*`` sizes) read the camera image and the instruction, and a Gemma
-action expert (``pi0_expert_*``; same layers, KV heads and head_dim as the prefix, as shared
+A tiny `pi0.Pi0` sized by ``actor.model``: a SigLIP-style tower (the ``vla.*`` sizes) and a
+Gemma prefix (the ``lm.*`` sizes) read the camera image and the instruction, and a Gemma
+action expert (``pi0.expert_*``; same layers, KV heads and head_dim as the prefix, as shared
 attention needs) denoises one action chunk ``[chunk_length, 7]`` conditioned on the
 proprioception as pi0's state token.
 
@@ -11,9 +11,9 @@ proprioception as pi0's state token.
   (pi0's convention: an out-of-vocabulary id, looked up as 0 and replaced by the patch
   features). The env right-pads the instruction with id 0; the attention mask drops those
   slots and positions count real tokens only, so padding changes nothing.
-- **Sampling** (`act`): one chunk per env from the stochastic chain of ``pi0_method``
-  (flow-SDE: one random denoising step is an SDE step of ``pi0_noise_level``; flow-noise:
-  a learned std at every step), ``pi0_num_steps`` steps. Each env's chain is drawn from its
+- **Sampling** (`act`): one chunk per env from the stochastic chain of ``pi0.method``
+  (flow-SDE: one random denoising step is an SDE step of ``pi0.noise_level``; flow-noise:
+  a learned std at every step), ``pi0.num_steps`` steps. Each env's chain is drawn from its
   own key alone (the sampler is vmapped over rows), so splitting the batch into micro-batches
   changes no sample. The env gets the chain's end clipped to [-1, 1].
 - **Stored action**: ``{"chain": [B, N + 1, H, 7], "step": [B] int32}``, the whole denoising
@@ -49,23 +49,23 @@ def pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_d
     if not m.architecture:
         return tiny_pi0_config(m, image_size, text_vocab, chunk, action_dim, state_dim)
     hf = {**published_vla(m, "pi0"), "chunk_size": chunk, "max_state_dim": state_dim, "max_action_dim": action_dim,
-          "num_inference_steps": m.pi0_num_steps}
+          "num_inference_steps": m.pi0.num_steps}
     config = Pi0Config.from_hf_config(hf, value_hidden=(1024,),
-                                      noise_hidden=(1024,) if m.pi0_method == flow_steps.FLOW_NOISE else ())
+                                      noise_hidden=(1024,) if m.pi0.method == flow_steps.FLOW_NOISE else ())
     check_image_size(m, config.paligemma.vision.image_size, image_size)
     return config
 
 
 def tiny_pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
-    """A pi0 of the sizes ``actor.model`` names (``vla_*`` tower, ``lm_*`` Gemma prefix,
-    ``pi0_expert_*`` action expert), for ``chunk x action_dim`` chunks and a ``state_dim`` state."""
+    """A pi0 of the sizes ``actor.model`` names (``vla.*`` tower, ``lm.*`` Gemma prefix,
+    ``pi0.expert_*`` action expert), for ``chunk x action_dim`` chunks and a ``state_dim`` state."""
     m = model_cfg
     vision = tower_config(m, image_size, final_norm=True)
-    if m.lm_hidden_size % m.lm_num_heads:
+    if m.lm.hidden_size % m.lm.num_heads:
         raise BadInput(
-            f"actor.model.lm_hidden_size={m.lm_hidden_size} is not a multiple of lm_num_heads={m.lm_num_heads}"
+            f"actor.model.lm.hidden_size={m.lm.hidden_size} is not a multiple of lm.num_heads={m.lm.num_heads}"
         )
-    head_dim = m.lm_hidden_size // m.lm_num_heads
+    head_dim = m.lm.hidden_size // m.lm.num_heads
 
     def gemma(hidden: int, intermediate: int) -> LMConfig:
         # Prefix and expert share layers, KV heads and head_dim (their attention is joint).
@@ -74,25 +74,25 @@ def tiny_pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, act
             vocab_size=text_vocab,
             hidden_size=hidden,
             intermediate_size=intermediate,
-            num_layers=m.lm_num_layers,
-            num_heads=m.lm_num_heads,
-            num_kv_heads=m.lm_num_kv_heads,
+            num_layers=m.lm.num_layers,
+            num_heads=m.lm.num_heads,
+            num_kv_heads=m.lm.num_kv_heads,
             head_dim=head_dim,
             rope=RopeConfig(),
             tie_word_embeddings=True,
-            max_position_embeddings=m.lm_max_position_embeddings,
+            max_position_embeddings=m.lm.max_position_embeddings,
         )
 
-    E = m.pi0_expert_hidden_size
+    E = m.pi0.expert_hidden_size
     return Pi0Config(
-        paligemma=PaliGemmaConfig(vision, gemma(m.lm_hidden_size, m.lm_intermediate_size), image_token_id=text_vocab),
-        expert=gemma(E, m.pi0_expert_intermediate_size),
+        paligemma=PaliGemmaConfig(vision, gemma(m.lm.hidden_size, m.lm.intermediate_size), image_token_id=text_vocab),
+        expert=gemma(E, m.pi0.expert_intermediate_size),
         chunk_size=chunk,
         max_state_dim=state_dim,
         max_action_dim=action_dim,
-        num_steps=m.pi0_num_steps,
+        num_steps=m.pi0.num_steps,
         value_hidden=(E,),
-        noise_hidden=(E,) if m.pi0_method == flow_steps.FLOW_NOISE else (),
+        noise_hidden=(E,) if m.pi0.method == flow_steps.FLOW_NOISE else (),
     )
 
 
@@ -104,9 +104,9 @@ class Pi0Policy:
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
         self.config = pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
         self.chunk_length, self.action_size = chunk_length, action_size
-        self.num_steps = int(model_cfg.pi0_num_steps)
-        self.method = str(model_cfg.pi0_method)
-        self.noise_level = float(model_cfg.pi0_noise_level)
+        self.num_steps = int(model_cfg.pi0.num_steps)
+        self.method = str(model_cfg.pi0.method)
+        self.noise_level = float(model_cfg.pi0.noise_level)
         self.image_token = self.config.paligemma.image_token_id
         # The products' dtype; parameters stay float32 for the optimiser.
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32

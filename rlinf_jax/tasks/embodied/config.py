@@ -20,24 +20,24 @@ PPO = {
     "actor.optim.lr", "actor.optim.max_grad_norm", "actor.optim.lr_schedule",
 }
 LM_SIZES = {
-    f"actor.model.lm_{k}"
+    f"actor.model.lm.{k}"
     for k in ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
               "max_position_embeddings")
 }
 # A VLA's published architecture by name, and how its blocks are laid out and rematerialised.
 LAYOUT = {"actor.model.architecture", "actor.model.scan_layers", "actor.model.remat"}
-TOWER = {f"actor.model.vla_{k}" for k in ("patch_size", "vision_hidden_size", "vision_layers", "vision_heads")}
+TOWER = {f"actor.model.vla.{k}" for k in ("patch_size", "vision_hidden_size", "vision_layers", "vision_heads")}
 MODELS = {
     "mlp": {
         "actor.model.kind", "actor.model.policy_hidden_sizes", "actor.model.value_hidden_sizes",
         "actor.model.activation", "actor.model.min_std", "actor.model.init_log_std", "actor.model.compute_dtype",
     },
     "vla": {
-        "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla_n_bins",
-        "actor.model.vla_temperature", "actor.model.vla_logprob_level", *LAYOUT, *LM_SIZES, *TOWER,
+        "actor.model.kind", "actor.model.dtype", "actor.model.path", "actor.model.vla.n_bins",
+        "actor.model.vla.temperature", "actor.model.vla.logprob_level", *LAYOUT, *LM_SIZES, *TOWER,
     },
-    "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla_logprob_level", *LAYOUT, *LM_SIZES, *TOWER} | {
-        f"actor.model.pi0_{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
+    "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla.logprob_level", *LAYOUT, *LM_SIZES, *TOWER} | {
+        f"actor.model.pi0.{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
                                          "noise_level")
     },
 }
@@ -45,7 +45,7 @@ MODELS = {
 CLONING = {"sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.num_demos"}
 DAGGER_AND_CRITIC = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "dagger_steps", "critic_warmup_steps",
                                           "critic_warmup_episodes")}
-# The backbone each model kind is built on; actor.model.lm_model_type may only name it.
+# The backbone each model kind is built on; actor.model.lm.model_type may only name it.
 BACKBONES = {"vla": "llama", "pi0": "gemma"}
 
 HINTS = {
@@ -98,9 +98,9 @@ def check(cfg: Config) -> None:
                        f"{', '.join(COMPUTE_DTYPES)}")
     if m.kind == "vla" and m.dtype not in VLA_DTYPES:
         raise BadInput(f"actor.model.dtype={m.dtype!r} is unknown for a VLA; choose one of {', '.join(VLA_DTYPES)}")
-    if m.kind == "pi0" and m.vla_logprob_level != "chunk":
+    if m.kind == "pi0" and m.vla.logprob_level != "chunk":
         raise BadInput(
-            f"actor.model.vla_logprob_level={m.vla_logprob_level} applies to kind=vla; pi0's log-prob is per "
+            f"actor.model.vla.logprob_level={m.vla.logprob_level} applies to kind=vla; pi0's log-prob is per "
             "chunk: set it to chunk"
         )
     if e.suite == "gym" and e.camera and m.kind != "vla":
@@ -109,8 +109,8 @@ def check(cfg: Config) -> None:
             "does not take them on a host simulator: set actor.model.kind=vla (or env.camera='' for state only)"
         )
     backbone = BACKBONES.get(m.kind)
-    if backbone is not None and m.lm_model_type != backbone:
+    if backbone is not None and m.lm.model_type != backbone:
         raise BadInput(
-            f"actor.model.lm_model_type={m.lm_model_type}: an actor.model.kind={m.kind} policy is built on a "
+            f"actor.model.lm.model_type={m.lm.model_type}: an actor.model.kind={m.kind} policy is built on a "
             f"{backbone} backbone; set it to {backbone}"
         )

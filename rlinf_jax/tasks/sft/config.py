@@ -21,7 +21,7 @@ from rlinf_jax.tasks.embodied import config as embodied
 LM_MODEL = {
     "actor.model.path", "actor.model.dtype", "actor.model.param_dtype", "actor.model.matmul",
     "actor.model.lora_rank", "actor.model.lora_alpha", "actor.model.base_qtype", "actor.model.logits_chunk",
-    "actor.model.lm_vocab_size", "actor.model.lm_tie_word_embeddings", *embodied.LM_SIZES,
+    "actor.model.lm.vocab_size", "actor.model.lm.tie_word_embeddings", *embodied.LM_SIZES,
     "actor.model.scan_layers", "actor.model.remat",
 }
 LM_OPTIM = {
@@ -99,16 +99,16 @@ def check_lm(cfg: Config) -> None:
         raise BadInput(f"actor.model.{e}") from None
     check_memory_remedies(m)
     _require(
-        m.lm_model_type in SUPPORTED_MODEL_TYPES,
-        f"actor.model.lm_model_type={m.lm_model_type!r} is unknown; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}",
+        m.lm.model_type in SUPPORTED_MODEL_TYPES,
+        f"actor.model.lm.model_type={m.lm.model_type!r} is unknown; choose one of {', '.join(SUPPORTED_MODEL_TYPES)}",
     )
     _require(
-        m.lm_num_heads % m.lm_num_kv_heads == 0,
-        f"actor.model.lm_num_heads={m.lm_num_heads} must be a multiple of lm_num_kv_heads={m.lm_num_kv_heads}",
+        m.lm.num_heads % m.lm.num_kv_heads == 0,
+        f"actor.model.lm.num_heads={m.lm.num_heads} must be a multiple of lm.num_kv_heads={m.lm.num_kv_heads}",
     )
     _require(
-        m.lm_hidden_size % m.lm_num_heads == 0 and (m.lm_hidden_size // m.lm_num_heads) % 2 == 0,
-        f"actor.model.lm_hidden_size={m.lm_hidden_size} must split into lm_num_heads={m.lm_num_heads} heads "
+        m.lm.hidden_size % m.lm.num_heads == 0 and (m.lm.hidden_size // m.lm.num_heads) % 2 == 0,
+        f"actor.model.lm.hidden_size={m.lm.hidden_size} must split into lm.num_heads={m.lm.num_heads} heads "
         "of an even size",
     )
     for name in ("global_batch_size", "micro_batch_size"):

@@ -3,7 +3,7 @@ from, and what its checkpoints record so that a later run can load it again.
 
 ``actor.model.path``:
 
-- ``""``: a fresh model of the ``actor.model.lm_*`` sizes (the offline tiny character model);
+- ``""``: a fresh model of the ``actor.model.lm.*`` sizes (the offline tiny character model);
 - a run folder or checkpoint of an sft / reasoning run: its policy parameters, with the
   architecture read from the checkpoint's metadata (``lm_config``), in either layout of the
   blocks whatever the run trained with (``actor.model.scan_layers``); LoRA adapters are
@@ -39,20 +39,20 @@ LM_SCANNED_KEY = "lm_scan_layers"
 
 
 def lm_config_from(m: PolicyConfig) -> LMConfig:
-    """The architecture of a fresh model from ``actor.model.lm_*``, read as a Hugging Face
+    """The architecture of a fresh model from ``actor.model.lm.*``, read as a Hugging Face
     config would be (so a family's fixed switches, e.g. Qwen2's q/k/v biases, hold and the
     checkpoint's ``lm_config`` reads back to the same model)."""
     return LMConfig.from_hf_config({
-        "model_type": m.lm_model_type,
-        "vocab_size": m.lm_vocab_size,
-        "hidden_size": m.lm_hidden_size,
-        "intermediate_size": m.lm_intermediate_size,
-        "num_hidden_layers": m.lm_num_layers,
-        "num_attention_heads": m.lm_num_heads,
-        "num_key_value_heads": m.lm_num_kv_heads,
-        "head_dim": m.lm_hidden_size // m.lm_num_heads,
-        "tie_word_embeddings": m.lm_tie_word_embeddings,
-        "max_position_embeddings": m.lm_max_position_embeddings,
+        "model_type": m.lm.model_type,
+        "vocab_size": m.lm.vocab_size,
+        "hidden_size": m.lm.hidden_size,
+        "intermediate_size": m.lm.intermediate_size,
+        "num_hidden_layers": m.lm.num_layers,
+        "num_attention_heads": m.lm.num_heads,
+        "num_key_value_heads": m.lm.num_kv_heads,
+        "head_dim": m.lm.hidden_size // m.lm.num_heads,
+        "tie_word_embeddings": m.lm.tie_word_embeddings,
+        "max_position_embeddings": m.lm.max_position_embeddings,
         "rms_norm_eps": 1e-6,
     })
 
@@ -91,7 +91,7 @@ def _load(cfg: Config, m: PolicyConfig, dtype, param_dtype, seed) -> LoadedLM:
         model = CausalLM(
             lm_config_from(m), dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed), scan_layers=m.scan_layers
         )
-        return LoadedLM(model, f"fresh {m.lm_model_type} model (seed {seed})")
+        return LoadedLM(model, f"fresh {m.lm.model_type} model (seed {seed})")
     path = Path(m.path)
     if not path.exists():
         # Checked here rather than when the config loads, so recipes can name a model
@@ -178,7 +178,7 @@ def check_resume_layout(cfg: Config, point: ResumePoint | None) -> None:
 
 def lm_architecture(cfg: Config) -> LMConfig:
     """The architecture ``actor.model`` names, read without loading a weight: a fresh model's
-    ``lm_*`` sizes; a model directory's ``config.json``; a run's checkpoint's ``lm_config``;
+    ``lm.*`` sizes; a model directory's ``config.json``; a run's checkpoint's ``lm_config``;
     and where the path does not exist here, the published architecture its folder name
     names (`policies.lm.published`). For planning a run on hardware this machine lacks."""
     m = cfg.actor.model
