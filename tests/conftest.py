@@ -18,12 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from rlinf_jax.envs.mjx_import import import_mjx
+
 # One persistent JAX compilation cache for the whole test session, every xdist worker and
 # every child process included (they inherit the environment): many tests compile the
 # same small programs, and a cached executable computes exactly what a fresh compile does.
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"rlinf_jax_test_cache_{os.getuid()}")
 )
+
+# No test steps an env through MJX's Warp backend: every test process (workers and the
+# children of the devices marker) imports MJX without it, seconds sooner (envs/mjx_import.py).
+import_mjx(warp=False)
 
 # Small enough to compile and run in seconds on a 2-core CPU, big enough to learn a little.
 TINY = [

@@ -14,6 +14,7 @@ from typing import Any
 from rlinf_jax.config.loader import compose
 from rlinf_jax.config.reads import Reads, check_reads
 from rlinf_jax.config.schema import Config
+from rlinf_jax.envs.mjx_import import import_mjx, uses_warp
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.seeds import resolve_seeds
 from rlinf_jax.tasks.embodied import config as embodied_config
@@ -29,12 +30,14 @@ SEED_BATCHES = ("embodied", "offpolicy")
 # (MuJoCo's MJX, Brax, the LM stack: seconds of imports), which checking a config, or
 # running another task, never needs.
 def _embodied_run(cfg: Config, console=None):
+    import_mjx(warp=uses_warp(cfg))
     from rlinf_jax.tasks.embodied.run import run
 
     return run(cfg, console)
 
 
 def _offpolicy_run(cfg: Config, console=None):
+    import_mjx(warp=uses_warp(cfg))
     from rlinf_jax.tasks.offpolicy.run import run
 
     return run(cfg, console)
@@ -44,6 +47,7 @@ def _sft_run(cfg: Config, console=None):
     # A VLA clones the tabletop's expert (its simulator imported on this path only); any
     # other kind names no embodied model and the run fine-tunes the language model.
     if cfg.actor.model.kind == "vla":
+        import_mjx(warp=False)  # the tabletop steps through MJX's JAX implementation
         from rlinf_jax.tasks.sft.vla import run
     else:
         from rlinf_jax.tasks.sft.run import run_lm as run
@@ -82,12 +86,14 @@ def _sft_remedies(cfg: Config):
 
 def _embodied_plan(cfg: Config, devices):
     # Builds the run's envs (Brax, Playground, the tabletop: their imports) on this path only.
+    import_mjx(warp=uses_warp(cfg))
     from rlinf_jax.tasks.embodied.plan import programs
 
     return programs(cfg, devices)
 
 
 def _offpolicy_plan(cfg: Config, devices):
+    import_mjx(warp=uses_warp(cfg))
     from rlinf_jax.tasks.offpolicy.plan import programs
 
     return programs(cfg, devices)
