@@ -188,6 +188,16 @@ def test_staged_run_resumes_exactly_and_accounts_staleness(tmp_path):
     assert records[-1]["flow/staleness_mean"] == pytest.approx(3 / 4)
     placement = json.loads((tmp_path / "stale" / "placement.json").read_text())
     assert placement["mode"] == "collocated"
+    # Its checkpoint holds the parameters its next rollout acts with (one iteration old), so
+    # stopped at 2 and resumed it gives the uninterrupted run's numbers, lag included.
+    stale = ["flow.max_staleness=1", "runner.eval_interval=4", "runner.save_interval=2"]
+    run(_cfg(tmp_path, "stale_split", *stale, "runner.max_steps=2"))
+    assert run(_cfg(tmp_path, "stale_split", *stale, "runner.max_steps=4", "runner.resume=auto")).resumed_from == 2
+    resumed = [r for r in read_metrics(tmp_path / "stale_split" / "metrics.jsonl") if "flow/staleness_max" in r]
+    assert [r["flow/staleness_max"] for r in resumed] == [0, 1, 1, 1]
+    # (The first run's final evaluation at step 2 is the one record of its own.)
+    no_eval = lambda rs: [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _comparable(rs)]  # noqa: E731
+    assert no_eval(resumed) == no_eval(records)
     # One chunk of four iterations enqueues each next rollout before the update it overlaps:
     # the same numbers as four chunks of one.
     run(_cfg(tmp_path, "stale_chunk", "flow.max_staleness=1", "runner.max_steps=4", "runner.eval_interval=4",

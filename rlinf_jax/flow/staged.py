@@ -70,7 +70,7 @@ class StagedState:
     step: int  # iterations the run has taken
     env_steps: int  # batched env steps the run has taken (what `act` is told)
     pending: tuple | None = None  # a stale run's next rollout, enqueued within a chunk
-    iterations: int = 0  # since this state was started: the staleness accounting's
+    iterations: int = 0  # env iterations of the run: the staleness accounting's
     lag_sum: int = 0
     lag_max: int = 0
 
@@ -246,14 +246,22 @@ class Staged(EnvTrainer):
         ts = self.algorithm.complete(restored)
         learner = self.core.place(ts.replace(env_state=None))
         acting, lag = self.algorithm.resume_acting(learner) if self.staleness else (self.algorithm.acting(learner), 0)
+        step = int(fetch(learner.step))
+        # The accounting as the run had it: a stale run's first env iteration acts with
+        # the learner's own parameters and every later one a version behind, so a resumed
+        # run logs the staleness an uninterrupted one does.
+        done = max(step - self.algorithm.offline_iterations, 0) if lag else 0
         return StagedState(
             learner=self._park(learner),
             env_states=self._split_env(ts.env_state),
             acting=self._for_rollout(acting),
             lag=lag,
             key=self.keys.put(learner.key),
-            step=int(fetch(learner.step)),
+            step=step,
             env_steps=self.algorithm.env_steps_taken(learner),
+            iterations=done,
+            lag_sum=max(done - 1, 0),
+            lag_max=min(max(done - 1, 0), 1),
         )
 
     def snapshot(self, s: StagedState):

@@ -26,10 +26,10 @@ from rlinf_jax.flow.algorithm import Algorithm, Segment
 from rlinf_jax.rollout import env_keys, episode_frames, evaluate_from, evaluate_policy, step_keys
 from rlinf_jax.runtime.media import image_strip
 from rlinf_jax.sharding import batch_divisor, batch_sharding, param_shardings, rules_from_config
-from rlinf_jax.sharding.mesh import batch_shardings, replicated
+from rlinf_jax.sharding.mesh import batch_shardings, fetch, replicated
 from rlinf_jax.tasks.embodied import ppo, setup as setup_lib
 from rlinf_jax.tasks.embodied.setup import Setup
-from rlinf_jax.tasks.embodied.state import TrainState, fresh_state
+from rlinf_jax.tasks.embodied.state import StaleTrainState, TrainState, fresh_state
 
 
 def check_batch(cfg: Config, setup: Setup, mesh, evaluates: bool = True) -> None:
@@ -84,6 +84,7 @@ class PPO(Algorithm):
         # The steps: one segment per iteration, the whole rollout.
         self.rollout_length = self.learn_every = a.rollout_length
         self.optimizer_fields = ("opt_state",)
+        self.stale = cfg.flow.max_staleness > 0
         self.freeze()
 
     # ----------------------------------------------------------------- state
@@ -99,7 +100,10 @@ class PPO(Algorithm):
     def state_around(self, params, seed: int | None = None, env_state=None) -> TrainState:
         """The state of step 0 around ``params`` (real or abstract: the planner's)."""
         seed = self.cfg.runner.seed if seed is None else seed
-        return fresh_state(seed, self.env, self.policy.normalizable_observations, params, self.tx, env_state)
+        ts = fresh_state(seed, self.env, self.policy.normalizable_observations, params, self.tx, env_state)
+        # A stale run's state keeps what its next rollout acts with (at step 0 the
+        # parameters themselves, copied: the updates donate the learner's buffers).
+        return StaleTrainState.around(ts, jax.tree.map(jnp.copy, self.acting(ts))) if self.stale else ts
 
     def complete(self, restored: TrainState) -> TrainState:
         """A checkpoint's state as the running state (it holds everything), unplaced."""
@@ -110,11 +114,14 @@ class PPO(Algorithm):
         by the partition rules (replicated on a pure data mesh, FSDP-split on an ``fsdp``
         axis), the rest replicated: where `place` puts each leaf of ``ts`` (real or
         abstract: the planner lays out the state it never allocates with these)."""
-        rest = jax.tree.map(lambda _: replicated(self.mesh), ts.replace(env_state=None, params=None, opt_state=None))
+        stale = isinstance(ts, StaleTrainState)
+        rest = jax.tree.map(lambda _: replicated(self.mesh),
+                            ts.replace(env_state=None, params=None, opt_state=None, **({"acting": None} if stale else {})))
         params, opt_state = (param_shardings(t, self.mesh, self.rules) for t in (ts.params, ts.opt_state))
-        return rest.replace(
+        laid = rest.replace(
             params=params, opt_state=opt_state, env_state=batch_shardings(ts.env_state, self.mesh, self.env.num_envs)
         )
+        return laid.replace(acting=self.acting_shardings(ts.acting, self.mesh)) if stale else laid
 
     # ----------------------------------------------------------- pure programs
     def chunk(self, ts: TrainState, num_iterations):
@@ -135,6 +142,11 @@ class PPO(Algorithm):
     def acting(self, ts: TrainState):
         return ts.params, ts.obs_stats
 
+    def resume_acting(self, ts: TrainState):
+        """What a stale run's next rollout acts with, as its state holds it: one iteration
+        old after the first (so a stale run resumes exactly)."""
+        return ts.acting, min(int(fetch(ts.step)), 1)
+
     def acting_shardings(self, acting, mesh):
         """The rollout lays the same weights out by its own mesh (e.g. tensor- rather than
         FSDP-split); the statistics replicated."""
@@ -153,6 +165,8 @@ class PPO(Algorithm):
         return self.update(ts, traj, segment.last_obs, update_key)
 
     def finish(self, ts: TrainState, sums: dict, key, next_acting):
+        if isinstance(ts, StaleTrainState) and next_acting is not None:
+            ts = ts.replace(acting=next_acting)
         return ts.replace(key=key), sums
 
     def relaid(self, mesh) -> PPO:

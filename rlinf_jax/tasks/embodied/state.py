@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -23,6 +24,20 @@ class TrainState:
     step: Count
     # Consecutive iterations in which some update was skipped for a non-finite loss/grad.
     bad_iterations: Count
+
+
+@struct.dataclass
+class StaleTrainState(TrainState):
+    """The state of a stale run (flow.max_staleness=1): also the parameters and observation
+    statistics its next rollout acts with (those of the start of the previous iteration),
+    so its checkpoint resumes it exactly. An on-policy state, and its checkpoint, hold no
+    second copy of the parameters."""
+
+    acting: Any
+
+    @classmethod
+    def around(cls, ts: TrainState, acting) -> StaleTrainState:
+        return cls(**{f.name: getattr(ts, f.name) for f in dataclasses.fields(TrainState)}, acting=acting)
 
 
 def stats_size(env: Env, normalizable: bool) -> int:
