@@ -60,6 +60,28 @@ from rlinf_jax.policies.lm import from_pretrained  # noqa: E402
 from rlinf_jax.policies.lm.tiny import tiny_hf_model  # noqa: E402
 
 
+
+def timed_turns(fns, steps: int, repeats: int):
+    """Seconds per step of each function, wall clock and process CPU time, over ``repeats``
+    turns of ``steps`` calls, the functions taking turns (a, b, a, b, ...) so that load from
+    other processes hits all alike. One untimed warm-up turn each."""
+
+    def turn(fn):
+        for _ in range(steps):
+            out = fn()
+        float(out)  # wait for the last step (jax dispatches asynchronously)
+
+    for fn in fns:
+        turn(fn)
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            w, c = time.perf_counter(), time.process_time()
+            turn(fn)
+            wall[i].append((time.perf_counter() - w) / steps)
+            cpu[i].append((time.process_time() - c) / steps)
+    return wall, cpu
+
 def _median_time(call, calls: int, repeats: int) -> float:
     warm = call()  # compiles; waited for, so that no timing includes it
     if isinstance(warm, jax.Array):
@@ -153,7 +175,7 @@ def main(argv=None) -> int:
     }
     hf_bf16 = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **ts.MODEL)
     trainers["torch_bfloat16"] = ts.torch_trainer(hf_bf16, ids, "bfloat16")
-    wall, cpu = ts.timed_turns(list(trainers.values()), args.steps, args.repeats)
+    wall, cpu = timed_turns(list(trainers.values()), args.steps, args.repeats)
     steps = {name: statistics.median(c) for name, c in zip(trainers, cpu)}
     for name, s in steps.items():
         print(f"step {name:15s} {s * 1e3:7.1f} ms (CPU time)")

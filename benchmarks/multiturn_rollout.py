@@ -34,13 +34,14 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
 # sampler_vs_hf pins torch to one thread when it is imported (before any torch work).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sampler_vs_hf import MODEL, prompts, timed_alternating  # noqa: E402
+from sampler_vs_hf import MODEL, prompts  # noqa: E402
 import roofline  # noqa: E402
 
 import jax  # noqa: E402
@@ -80,6 +81,20 @@ class FixedObservation:
         done = self.turn >= self.max_turns
         return StepResult("" if done else self.obs, 0.0, done, {})
 
+
+
+def timed_alternating(fns, repeats: int) -> list[list[float]]:
+    """Wall times of each function, run in turns (a, b, a, b, ...) so that load from other
+    processes on a shared machine hits both sides alike. One untimed warm-up call each."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return times
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -12,14 +12,16 @@ stop token). ``--size`` picks the model, built locally for both sides (no hub):
   intermediate 4864, vocabulary 151,936, tied embeddings: 494M parameters), random
   weights: the size people train.
 
-Both run on ONE CPU core: the process is
-pinned to one core before torch or JAX start a thread (``--cpu N``, default the first core
-it may use), with ``torch.set_num_threads(1)`` and, set before JAX is imported,
+Each side runs in a process of its own (``side_process``: this script again, with
+``--side``), and all on ONE CPU core: each process is pinned to the same core before torch
+or JAX start a thread (``--cpu N``, default the first core the parent may use), with
+``torch.set_num_threads(1)`` and, set before JAX is imported,
 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``. The flags
 alone do not make XLA single-threaded (its CPU runtime still runs independent ops on a
 pool), so without the pinning (``--no-pin``) our side would use a second core that torch
 does not; the JSON records which (``pinned``). HF runs with sdpa attention in each of the
-configurations ``--hf`` names (all three by default), each timed in the same rounds:
+configurations ``--hf`` names (all three by default), each in a process of its own and
+timed in the same rounds:
 
 * ``eager``: ``generate``'s defaults, eager with its dynamic KV cache;
 * ``static``: ``cache_implementation="static"`` (a preallocated cache), eager;
@@ -32,9 +34,10 @@ configurations ``--hf`` names (all three by default), each timed in the same rou
 parameters the compiled decode is the slowest of the three, at 0.5B the fastest);
 ``ratios`` holds one per configuration.
 
-Each side is warmed up once (our compile; torch's first-call costs), then the two are
-timed in turns over ``--repeats`` rounds (so load from other processes hits both alike);
-the median is reported. tokens/s = batch * new tokens / seconds.
+Each side is built and warmed up once in its process (our compile; torch's first-call
+costs), then the parent asks the processes in turn for one timed call each, over
+``--repeats`` rounds (so load from other processes hits every side alike, and no two run
+at once); the median is reported. tokens/s = batch * new tokens / seconds.
 Greedy outputs of the two sides are also compared (``greedy_match``) as a sanity check
 that both run the same model.
 
@@ -65,11 +68,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import argparse
-import functools
 import json
 import statistics
 import tempfile
-import time
 
 import numpy as np
 import torch
@@ -86,6 +87,7 @@ from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 
 import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
+from side_process import close_sides, serve, start_sides, timed_in_turns  # noqa: E402
 
 SIZES = {
     "tiny": {
@@ -140,18 +142,61 @@ def prompts(batch: int, vocab_size: int = MODEL["vocab_size"], seed: int = 0):
     return ids, mask
 
 
-def timed_alternating(fns, repeats: int) -> list[list[float]]:
-    """Wall times of each function, run in turns (a, b, a, b, ...) so that load from other
-    processes on a shared machine hits both sides alike. One untimed warm-up call each."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return times
+def build_side(side: str, args) -> tuple:
+    """``(run_once, ready info)`` of one side (in its own process): the model built and
+    loaded, one untimed warm-up call made (our compile; torch's first-call costs)."""
+    shapes = SIZES[args.size]
+    # sdpa: transformers' default (and its fastest CPU) attention.
+    hf = tiny_hf_model("qwen2", seed=0, scale=SCALES[args.size], attn_implementation="sdpa", **shapes)
+    n_params = sum(p.numel() for p in hf.parameters())
+    ids, mask = prompts(args.batch, shapes["vocab_size"])
+    info = {"params": n_params, "threads": torch.get_num_threads() if side != "ours" else 1}
+    if side == "ours":
+        with tempfile.TemporaryDirectory() as d:
+            hf.save_pretrained(d)
+            model = from_pretrained(d)
+        del hf  # its weights are ours now
+        sampler, key = Sampler(model), jax.random.key(0)
+        sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
+
+        def run_once(params=sampling):
+            return jax.block_until_ready(sampler.generate(ids, mask, key, params))
+
+        greedy = run_once(SamplingParams(max_new_tokens=args.new_tokens, temperature=0)).tokens
+        info["greedy"] = np.asarray(greedy).tolist()
+        # prefill, then the decode loop's max_new_tokens - 1 steps (no stop token: every
+        # row runs to the end); one count for both sides (same model, same tokens)
+        info["flops"] = roofline.program_flops(lambda: sampler.generate(ids, mask, key, sampling),
+                                               while_trips=args.new_tokens - 1)
+        info["versions"] = f"jax {jax.__version__} devices {jax.devices()}"
+    else:
+        t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
+
+        def run_once(do_sample=True):
+            with torch.no_grad():
+                return hf.generate(
+                    # top_k=0 and top_p=1 explicitly: left unset, transformers 5 falls back
+                    # to top_k=50 (its warning that top_k=0 "may be ignored" is spurious:
+                    # with these values no logits processor runs, plain sampling as ours).
+                    input_ids=t_ids, attention_mask=t_mask, do_sample=do_sample, temperature=1.0, top_k=0,
+                    top_p=1.0, max_new_tokens=args.new_tokens, **hf_generate_kwargs(side),
+                )
+
+        if args.greedy:
+            info["greedy"] = run_once(do_sample=False)[:, ids.shape[1]:].numpy().tolist()
+        info["versions"] = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    run_once()
+    if side == "compiled":  # that torch.compile did run: the graphs dynamo captured
+        info["compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return run_once, info
+
+
+def side_command(side: str, args, greedy: bool) -> list[str]:
+    """This script again, as the child running ``side`` on the parent's core."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--size", args.size, "--batch", str(args.batch),
+           "--new-tokens", str(args.new_tokens)]
+    cmd += ["--cpu", str(CPU)] if CPU is not None else ["--no-pin"]
+    return cmd + (["--greedy"] if greedy else [])
 
 
 def main(argv=None) -> None:
@@ -159,58 +204,44 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cpu", type=int, help="the core both sides run on (default: the first this process may use)")
-    parser.add_argument("--no-pin", action="store_true", help="leave the process unpinned (unequal: XLA's pool "
+    parser.add_argument("--cpu", type=int, help="the core every side runs on (default: the first this process may use)")
+    parser.add_argument("--no-pin", action="store_true", help="leave the processes unpinned (unequal: XLA's pool "
                         "takes a second core)")
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
     parser.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES),
                         help="HF configurations to time (module docstring); the ratio is against the fastest")
+    parser.add_argument("--side", choices=("ours", *HF_MODES), help=argparse.SUPPRESS)  # a child's side
+    parser.add_argument("--greedy", action="store_true", help=argparse.SUPPRESS)  # a child reports greedy tokens
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
+    if args.side:
+        serve(*build_side(args.side, args))
+        return
     args.hf = list(dict.fromkeys(args.hf))  # each configuration once
-    shapes = SIZES[args.size]
-
-    # sdpa: transformers' default (and its fastest CPU) attention.
-    hf = tiny_hf_model("qwen2", seed=0, scale=SCALES[args.size], attn_implementation="sdpa", **shapes)
-    with tempfile.TemporaryDirectory() as d:
-        hf.save_pretrained(d)
-        model = from_pretrained(d)
-    n_params = sum(p.numel() for p in hf.parameters())
-    ids, mask = prompts(args.batch, shapes["vocab_size"])
-    t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
-    sampler = Sampler(model)
-    key = jax.random.key(0)
-    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
-
-    def hf_run(mode="eager", do_sample=True):
-        with torch.no_grad():
-            return hf.generate(
-                # top_k=0 and top_p=1 explicitly: left unset, transformers 5 falls back to
-                # top_k=50 (its warning that top_k=0 "may be ignored" is spurious: with these
-                # values no logits processor runs, plain sampling as on our side).
-                input_ids=t_ids, attention_mask=t_mask, do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=args.new_tokens, **hf_generate_kwargs(mode),
-            )
-
-    def ours_run(params=sampling):
-        out = sampler.generate(ids, mask, key, params)
-        return jax.block_until_ready(out)
-
+    # The peak first, alone on the core, before any side exists.
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    commands = {"ours": side_command("ours", args, False)}
+    commands.update({mode: side_command(mode, args, i == 0) for i, mode in enumerate(args.hf)})
+    sides, infos = start_sides(commands)
+    try:
+        times = timed_in_turns(sides, args.repeats)
+    finally:
+        close_sides(sides)
+    n_params = infos["ours"]["params"]
     print(f"model: qwen2 ({args.size}), {n_params / 1e6:.2f}M params; batch {args.batch} x {args.new_tokens} new tokens")
-    print(f"jax {jax.__version__} devices {jax.devices()}; torch {torch.__version__} threads {torch.get_num_threads()}")
-    greedy_ref = hf_run(do_sample=False)[:, ids.shape[1] :].numpy()
-    greedy_ours = np.asarray(ours_run(SamplingParams(max_new_tokens=args.new_tokens, temperature=0)).tokens)
-    greedy_match = float((greedy_ref == greedy_ours).mean())
+    print(f"ours: {infos['ours']['versions']}; HF: {infos[args.hf[0]]['versions']}, threads {infos[args.hf[0]]['threads']}")
+    greedy_match = float((np.asarray(infos[args.hf[0]]["greedy"]) == np.asarray(infos["ours"]["greedy"])).mean())
     print(f"greedy tokens equal: {greedy_match:.3f}")
 
     tokens = args.batch * args.new_tokens
-    runs = [functools.partial(hf_run, mode) for mode in args.hf]
-    *hf_times, ours_times = timed_alternating([*runs, ours_run], args.repeats)
-    hf_tps = {mode: tokens / statistics.median(t) for mode, t in zip(args.hf, hf_times)}
-    ours_tps = tokens / statistics.median(ours_times)
-    for mode, t in zip(args.hf, hf_times):
-        print(f"HF generate, {mode:<8}: {hf_tps[mode]:,.0f} tok/s  (runs: {', '.join(f'{x:.3f}s' for x in t)})")
-    print(f"ours:                 {ours_tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in ours_times)})")
+    med = {name: statistics.median(r["wall"] for r in runs) for name, runs in times.items()}
+    hf_tps = {mode: tokens / med[mode] for mode in args.hf}
+    ours_tps = tokens / med["ours"]
+    for mode in args.hf:
+        runs = ", ".join(f"{r['wall']:.3f}s" for r in times[mode])
+        print(f"HF generate, {mode:<8}: {hf_tps[mode]:,.0f} tok/s  (runs: {runs})")
+    ours_runs = ", ".join(f"{r['wall']:.3f}s" for r in times["ours"])
+    print(f"ours:                 {ours_tps:,.0f} tok/s  (runs: {ours_runs})")
     headline = max(hf_tps, key=hf_tps.get)  # the peer at its fastest
     result = {
         "benchmark": "sampler_vs_hf",
@@ -221,15 +252,17 @@ def main(argv=None) -> None:
         "new_tokens": args.new_tokens,
         "threads": 1,
         "pinned": CPU is not None,
-        "pinning": f"both sides in one process on core {CPU}" if CPU is not None else "none",
+        "processes": "own",
+        "pinning": (f"each side in a process of its own, all on core {CPU}, timed in turns" if CPU is not None
+                    else "each side in a process of its own, unpinned"),
         "hf": headline,
-        "peer": {"library": f"transformers {transformers.__version__}, torch {torch.__version__}",
+        "peer": {"library": infos[headline]["versions"],
                  "generate": {"eager": "eager, its default dynamic KV cache",
                               "static": "eager, cache_implementation='static'",
                               "compiled": "cache_implementation='static', its decode step compiled by generate "
                                           "(torch.compile inductor, fullgraph, dynamic=False)"}[headline]
                  + ", sdpa attention, torch.no_grad",
-                 "torch_threads": torch.get_num_threads()},
+                 "torch_threads": infos[headline]["threads"]},
         "precision": "float32",
         "greedy_match": greedy_match,
         "hf_tokens_per_s": round(hf_tps[headline], 1),
@@ -238,14 +271,10 @@ def main(argv=None) -> None:
         "ratios": {m: round(ours_tps / v, 3) for m, v in hf_tps.items()},
         "ratio": round(ours_tps / hf_tps[headline], 3),
     }
-    if "compiled" in args.hf:  # that torch.compile did run: the graphs dynamo captured
-        result["hf_compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    # One FLOP count for both sides (same model, same tokens): prefill, then the decode
-    # loop's max_new_tokens - 1 steps (no stop token: every row runs to the end).
-    peak = roofline.peak_flops_per_s(args.peak_gflops)
-    flops = roofline.program_flops(lambda: sampler.generate(ids, mask, key, sampling), while_trips=args.new_tokens - 1)
-    ours, theirs = (roofline.rate(flops, statistics.median(t), peak)
-                    for t in (ours_times, hf_times[args.hf.index(headline)]))
+    if "compiled" in args.hf:
+        result["hf_compiled_graphs"] = infos["compiled"]["compiled_graphs"]
+    flops = infos["ours"]["flops"]
+    ours, theirs = (roofline.rate(flops, med[name], peak) for name in ("ours", headline))
     print(roofline.line("ours FLOP/s", ours, peak))
     print(roofline.line(f"HF {headline} FLOP/s (same FLOP count)", theirs, peak))
     result.update(roofline.result_keys(ours, peak))

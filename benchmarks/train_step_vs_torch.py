@@ -10,8 +10,9 @@ transformers and loaded into ours through ``save_pretrained`` / ``from_pretraine
 sides start from the same float32 weights. AdamW has the same hyperparameters on both
 sides (torch's ``AdamW`` and ``optax.adamw`` decay weights the same decoupled way).
 
-ONE CPU core for both: the process is pinned to one core (``--cpu``, default the first
-it may use) before torch or JAX is imported, on top of ``torch.set_num_threads(1)`` and
+Each side in a process of its own (``side_process``: this script again, with ``--side``),
+both on ONE CPU core: each process is pinned to the same core (``--cpu``, default the first
+the parent may use) before torch or JAX is imported, on top of ``torch.set_num_threads(1)`` and
 ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`` (set by
 ``sampler_vs_hf``). The flags alone do not make XLA single-threaded: its CPU runtime still
 runs independent ops of a step side by side on a thread pool (measured: ~1.9 cores busy on
@@ -22,9 +23,10 @@ optimizer state.
 
 Parity first: the first-step losses of the two sides must agree to 1e-4 (they are a few
 1e-6 apart in float32), and so must the losses after two updates (the optimizers match);
-otherwise the script exits with an error. Then each side is warmed up (our compile;
-torch's first-call costs) and timed in turns, ``--steps`` steps per turn over ``--repeats``
-turns, so load from other processes hits both alike; medians over turns are reported, of
+otherwise the script exits with an error. Then each side is warmed up in its process (our
+compile; torch's first-call costs) and the parent asks the two in turn for a timed turn of
+``--steps`` steps, over ``--repeats`` turns, so load from other processes hits both alike
+and they never run at once; medians over turns are reported, of
 wall-clock seconds per step and of process CPU seconds per step (the steadier figure on a
 shared machine; equal to wall time on an idle one, the process running on one core).
 
@@ -60,7 +62,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,7 @@ if __name__ == "__main__":
 from sampler_vs_hf import MODEL  # isort: skip
 from recorded import warn_regressions  # isort: skip
 import roofline  # isort: skip
+from side_process import close_sides, serve, start_sides, timed_in_turns  # isort: skip
 
 import jax
 import jax.numpy as jnp
@@ -165,30 +167,44 @@ def jax_trainer(model, ids: np.ndarray, matmul: str = "xla"):
     return step
 
 
-def timed_turns(fns, steps: int, repeats: int):
-    """Seconds per step of each function, wall clock and process CPU time, over ``repeats``
-    turns of ``steps`` calls, the functions taking turns (a, b, a, b, ...) so that load from
-    other processes hits both alike. One untimed warm-up turn each.
+PARITY_STEPS = 3
 
-    CPU time counts only the time this process ran: on a shared machine it is the steadier
-    figure (the process runs on one core, so with no contention it equals wall time).
-    """
 
-    def turn(fn):
-        for _ in range(steps):
-            out = fn()
+def build_side(side: str, args) -> tuple:
+    """``(one timed turn, ready info)`` of one side (in its own process): the model built
+    from the same float32 weights, its first ``PARITY_STEPS`` losses (the parity check's)
+    and one untimed warm-up turn taken (our compile; torch's first-call costs)."""
+    hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
+    info = {"params": sum(p.numel() for p in hf.parameters())}
+    ids = token_batch(args.batch, args.seq)
+    if side == "torch":
+        step = torch_trainer(hf, ids, args.precision, args.torch_compile)
+        info["versions"] = f"transformers {transformers.__version__}, torch {torch.__version__}"
+        info["threads"] = torch.get_num_threads()
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            hf.save_pretrained(d)
+            model = from_pretrained(d, dtype=args.precision, param_dtype="float32")
+        del hf
+        step = jax_trainer(model, ids, args.matmul)
+        info["flops"] = step.flops
+        info["versions"] = f"jax {jax.__version__} devices {jax.devices()}"
+    info["losses"] = [float(step()) for _ in range(PARITY_STEPS)]
+
+    def turn():
+        for _ in range(args.steps):
+            out = step()
         float(out)  # wait for the last step (jax dispatches asynchronously)
 
-    for fn in fns:
-        turn(fn)
-    wall, cpu = [[] for _ in fns], [[] for _ in fns]
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            w, c = time.perf_counter(), time.process_time()
-            turn(fn)
-            wall[i].append((time.perf_counter() - w) / steps)
-            cpu[i].append((time.process_time() - c) / steps)
-    return wall, cpu
+    turn()
+    return turn, info
+
+
+def side_command(side: str, args) -> list[str]:
+    """This script again, as the child running ``side`` on the parent's core."""
+    return [sys.executable, os.path.abspath(__file__), "--side", side, "--cpu", str(CPU), "--batch", str(args.batch),
+            "--seq", str(args.seq), "--steps", str(args.steps), "--precision", args.precision, "--matmul", args.matmul,
+            *(["--torch-compile"] if args.torch_compile else [])]
 
 
 def main(argv=None) -> None:
@@ -203,76 +219,75 @@ def main(argv=None) -> None:
     parser.add_argument("--matmul", choices=kernels.BACKENDS, default="xla",
                         help="our products' backend (actor.model.matmul); mkl needs pip install -e '.[mkl]'")
     parser.add_argument("--torch-compile", action="store_true", help="torch's model through torch.compile (inductor)")
+    parser.add_argument("--side", choices=("torch", "ours"), help=argparse.SUPPRESS)  # a child's side
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
-    cores = sorted(os.sched_getaffinity(0))
     try:
         kernels.check_backend(args.matmul, args.precision)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if args.side:
+        serve(*build_side(args.side, args))
+        return
 
-    hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
-    with tempfile.TemporaryDirectory() as d:
-        hf.save_pretrained(d)
-        model = from_pretrained(d, dtype=args.precision, param_dtype="float32")
-    n_params = sum(p.numel() for p in hf.parameters())
-    ids = token_batch(args.batch, args.seq)
-    torch_step, jax_step = torch_trainer(hf, ids, args.precision, args.torch_compile), jax_trainer(model, ids, args.matmul)
-
-    print(f"model: qwen2, {n_params / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; {args.precision}; "
-          f"our products: {args.matmul}; AdamW {ADAMW}")
-    print(
-        f"jax {jax.__version__} devices {jax.devices()}; torch {torch.__version__} threads {torch.get_num_threads()}; "
-        f"CPU cores in use: {cores}"
-    )
-    parity_steps = 3
-    torch_losses = [float(torch_step()) for _ in range(parity_steps)]
-    jax_losses = [float(jax_step()) for _ in range(parity_steps)]
-    diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
-    print(f"first-step loss: torch {torch_losses[0]:.7f}  ours {jax_losses[0]:.7f}  |diff| {diffs[0]:.2e}")
-    print(f"loss after {parity_steps - 1} updates: torch {torch_losses[-1]:.7f}  ours {jax_losses[-1]:.7f}"
-          f"  |diff| {diffs[-1]:.2e}")
-    tolerance = 1e-4 if args.precision == "float32" else 0.05
-    if max(diffs) > tolerance:
-        raise SystemExit(f"losses disagree by {max(diffs):.2e} (> {tolerance:g}): the two sides do not train the "
-                         "same model")
-
-    (torch_wall, jax_wall), (torch_cpu, jax_cpu) = timed_turns([torch_step, jax_step], args.steps, args.repeats)
+    # The peak first, alone on the core, before either side exists.
+    peak = roofline.peak_flops_per_s(args.peak_gflops)
+    sides, infos = start_sides({side: side_command(side, args) for side in ("torch", "ours")})
+    try:
+        torch_losses, jax_losses = infos["torch"]["losses"], infos["ours"]["losses"]
+        diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
+        print(f"model: qwen2, {infos['ours']['params'] / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; "
+              f"{args.precision}; our products: {args.matmul}; AdamW {ADAMW}")
+        print(f"ours: {infos['ours']['versions']}; torch: {infos['torch']['versions']}, threads "
+              f"{infos['torch']['threads']}; each side in a process of its own on core {CPU}")
+        print(f"first-step loss: torch {torch_losses[0]:.7f}  ours {jax_losses[0]:.7f}  |diff| {diffs[0]:.2e}")
+        print(f"loss after {PARITY_STEPS - 1} updates: torch {torch_losses[-1]:.7f}  ours {jax_losses[-1]:.7f}"
+              f"  |diff| {diffs[-1]:.2e}")
+        tolerance = 1e-4 if args.precision == "float32" else 0.05
+        if max(diffs) > tolerance:
+            raise SystemExit(f"error: losses disagree by {max(diffs):.2e} (> {tolerance:g}): the two sides do not "
+                             "train the same model")
+        times = timed_in_turns(sides, args.repeats)
+    finally:
+        close_sides(sides)
+    wall = {name: [r["wall"] / args.steps for r in runs] for name, runs in times.items()}
+    cpu = {name: [r["cpu"] / args.steps for r in runs] for name, runs in times.items()}
     med = statistics.median
-    for name, wall, cpu in (("torch", torch_wall, torch_cpu), ("ours ", jax_wall, jax_cpu)):
+    for name in ("torch", "ours"):
         print(
-            f"{name}: {med(wall) * 1e3:6.1f} ms/step wall, {med(cpu) * 1e3:6.1f} ms/step CPU  "
-            f"(turns, wall: {', '.join(f'{t * 1e3:.0f}' for t in wall)})"
+            f"{name:<5}: {med(wall[name]) * 1e3:6.1f} ms/step wall, {med(cpu[name]) * 1e3:6.1f} ms/step CPU  "
+            f"(turns, wall: {', '.join(f'{x * 1e3:.0f}' for x in wall[name])})"
         )
     result = {
         "benchmark": "train_step_vs_torch",
         "model": "qwen2",
-        "params": n_params,
+        "params": infos["ours"]["params"],
         "batch": args.batch,
         "seq": args.seq,
         "precision": args.precision,
         "matmul": args.matmul,
         "torch_compile": args.torch_compile,
-        "peer": f"transformers {transformers.__version__}, torch {torch.__version__}: sdpa attention, AdamW(fused=True)"
+        "peer": f"{infos['torch']['versions']}: sdpa attention, AdamW(fused=True)"
                 + (", the model through torch.compile (inductor, default mode)" if args.torch_compile else ", eager")
                 + (", torch.autocast bfloat16" if args.precision == "bfloat16" else ""),
         "threads": 1,
-        "cpu_cores": cores,
+        "processes": "own",
+        "pinning": f"each side in a process of its own, both on core {CPU}, timed in turns",
+        "cpu_cores": [CPU],
         "first_step_loss_torch": round(torch_losses[0], 7),
         "first_step_loss_ours": round(jax_losses[0], 7),
         "first_step_loss_diff": float(f"{diffs[0]:.3g}"),
-        "torch_s_per_step": round(med(torch_wall), 5),
-        "ours_s_per_step": round(med(jax_wall), 5),
-        "ratio": round(med(torch_wall) / med(jax_wall), 3),
-        "torch_cpu_s_per_step": round(med(torch_cpu), 5),
-        "ours_cpu_s_per_step": round(med(jax_cpu), 5),
-        "cpu_ratio": round(med(torch_cpu) / med(jax_cpu), 3),
+        "torch_s_per_step": round(med(wall["torch"]), 5),
+        "ours_s_per_step": round(med(wall["ours"]), 5),
+        "ratio": round(med(wall["torch"]) / med(wall["ours"]), 3),
+        "torch_cpu_s_per_step": round(med(cpu["torch"]), 5),
+        "ours_cpu_s_per_step": round(med(cpu["ours"]), 5),
+        "cpu_ratio": round(med(cpu["torch"]) / med(cpu["ours"]), 3),
     }
     # Both sides do the same arithmetic (same model, batch and optimizer): one FLOP count,
     # counted on our step's jaxpr, over each side's wall time. The peak is one core's.
-    peak = roofline.peak_flops_per_s(args.peak_gflops)
-    ours, theirs = (roofline.rate(jax_step.flops, med(w), peak) for w in (jax_wall, torch_wall))
+    ours, theirs = (roofline.rate(infos["ours"]["flops"], med(wall[name]), peak) for name in ("ours", "torch"))
     print(roofline.line("ours  FLOP/s", ours, peak))
     print(roofline.line("torch FLOP/s (same FLOP count)", theirs, peak))
     result.update(roofline.result_keys(ours, peak))
