@@ -10,8 +10,11 @@ observation of ``--obs-tokens`` fixed tokens (a scripted environment, so the thr
 the same work whatever they sample). The model is the tiny random Qwen2 of
 ``sampler_vs_hf.py`` (~2.9M parameters), on ONE CPU thread per side.
 
-Each side is warmed up once, then the sides are timed in turns over ``--repeats`` rounds
-(load from other processes hits all alike); medians are reported. tokens/s = generated
+Each side runs in a process of its own (``side_process``: this script again, with
+``--side``), every process pinned to the same core (``--cpu N``, default the first the parent
+may use; ``--no-pin`` leaves them unpinned). Each is warmed up once, then the parent asks
+them in turn for one timed run each over ``--repeats`` rounds (load from other processes
+hits all alike, and no two run at once); medians are reported. tokens/s = generated
 model tokens (batch * turns * turn tokens) / seconds.
 
 The last line of stdout is one JSON object with each side's tokens/s and ``ratio`` = ours /
@@ -23,6 +26,15 @@ HF turn-by-turn (higher is better for us), plus ``ratio_reprefill`` = ours / re-
 from __future__ import annotations
 
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pinning import pin_to_one_cpu  # noqa: E402  (no heavy imports: safe before the pinning)
+
+CPU = None  # the core every side runs on (None: not pinned)
+if __name__ == "__main__" and "--no-pin" not in sys.argv[1:]:
+    # Before torch and JAX start their thread pools: threads inherit the affinity.
+    CPU = pin_to_one_cpu(sys.argv[1:])
 
 # Must precede the first `import jax` anywhere in the process.
 os.environ["XLA_FLAGS"] = (
@@ -32,17 +44,14 @@ os.environ["XLA_FLAGS"] = (
 import argparse
 import json
 import statistics
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import numpy as np
 
 # sampler_vs_hf pins torch to one thread when it is imported (before any torch work).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sampler_vs_hf import MODEL, prompts  # noqa: E402
 import roofline  # noqa: E402
+from side_process import close_sides, serve, start_sides, timed_in_turns  # noqa: E402
 
 import jax  # noqa: E402
 import torch  # noqa: E402
@@ -83,49 +92,21 @@ class FixedObservation:
 
 
 
-def timed_alternating(fns, repeats: int) -> list[list[float]]:
-    """Wall times of each function, run in turns (a, b, a, b, ...) so that load from other
-    processes on a shared machine hits both sides alike. One untimed warm-up call each."""
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return times
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--turn-tokens", type=int, default=32)
-    parser.add_argument("--obs-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    roofline.add_peak_argument(parser)
-    args = parser.parse_args(argv)
+SIDES = ("hf", "reprefill", "ours")
+
+
+def build_side(side: str, args) -> tuple:
+    """``(run_once, ready info)`` of one side (in its own process), warmed up once; a JAX
+    side also counts its FLOPs on that untimed run (every jitted call counted; no stop
+    token: every turn's decode loop runs its N - 1 steps after the first token)."""
     B, T, N, O = args.batch, args.turns, args.turn_tokens, args.obs_tokens
-
     hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
-    with tempfile.TemporaryDirectory() as d:
-        hf.save_pretrained(d)
-        model = from_pretrained(d)
+    info = {"params": sum(p.numel() for p in hf.parameters())}
     ids, mask = prompts(B)
     prompt_lists = [row[m > 0].tolist() for row, m in zip(ids, mask)]
     obs = list(range(100, 100 + O))
-    obs_text = " ".join(map(str, obs))
-    sampler = Sampler(model)
     key = jax.random.key(0)
-    limits = TurnLimits(T, N, O, T * N + (T - 1) * O)
-    ours = MultiTurnRollout(sampler, IdTokenizer(), limits, stop_string="")
-    rows = [{"prompt": " ".join(map(str, p))} for p in prompt_lists]
-
-    def ours_run():
-        envs = [FixedObservation(obs_text, T) for _ in range(B)]
-        ep = ours.run(envs, rows, key, temperature=1.0)
-        assert int(ep.loss_mask.sum()) == B * T * N
-        return ep
 
     def left_pad(convs):
         w = max(map(len, convs))
@@ -135,44 +116,98 @@ def main(argv=None) -> None:
             out[r, w - len(c):], m[r, w - len(c):] = c, 1
         return out, m
 
-    sampling = SamplingParams(max_new_tokens=N, temperature=1.0)
+    if side == "hf":
+        def run_once():
+            convs = [list(p) for p in prompt_lists]
+            for t in range(T):
+                i, m = left_pad(convs)
+                with torch.no_grad():
+                    out = hf.generate(input_ids=torch.tensor(i), attention_mask=torch.tensor(m), do_sample=True,
+                                      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=N, min_new_tokens=N)
+                new = out[:, i.shape[1]:].numpy()
+                convs = [c + new[r].tolist() + (obs if t < T - 1 else []) for r, c in enumerate(convs)]
+            return convs
 
-    def reprefill_run():
-        convs = [list(p) for p in prompt_lists]
-        for t in range(T):
-            i, m = left_pad(convs)
-            out = np.asarray(sampler.generate(i, m, jax.random.fold_in(key, t), sampling).tokens)
-            convs = [c + out[r].tolist() + (obs if t < T - 1 else []) for r, c in enumerate(convs)]
-        return convs
+        run_once()
+        return run_once, info
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        model = from_pretrained(d)
+    hf = None  # its weights are ours now
+    sampler = Sampler(model)
+    if side == "ours":
+        limits = TurnLimits(T, N, O, T * N + (T - 1) * O)
+        ours = MultiTurnRollout(sampler, IdTokenizer(), limits, stop_string="")
+        rows = [{"prompt": " ".join(map(str, p))} for p in prompt_lists]
+        obs_text = " ".join(map(str, obs))
 
-    def hf_run():
-        convs = [list(p) for p in prompt_lists]
-        for t in range(T):
-            i, m = left_pad(convs)
-            with torch.no_grad():
-                out = hf.generate(input_ids=torch.tensor(i), attention_mask=torch.tensor(m), do_sample=True,
-                                  temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=N, min_new_tokens=N)
-            new = out[:, i.shape[1]:].numpy()
-            convs = [c + new[r].tolist() + (obs if t < T - 1 else []) for r, c in enumerate(convs)]
-        return convs
+        def run_once():
+            envs = [FixedObservation(obs_text, T) for _ in range(B)]
+            ep = ours.run(envs, rows, key, temperature=1.0)
+            assert int(ep.loss_mask.sum()) == B * T * N
+            return ep
 
-    n_params = sum(p.numel() for p in hf.parameters())
-    print(f"model: qwen2, {n_params / 1e6:.2f}M params; {B} episodes x {T} turns x {N} tokens, observations {O}")
-    hf_t, rp_t, ours_t = timed_alternating([hf_run, reprefill_run, ours_run], args.repeats)
-    tokens = B * T * N
-    hf_tps, rp_tps, ours_tps = (tokens / statistics.median(x) for x in (hf_t, rp_t, ours_t))
-    for name, tps, times in (("HF turn by turn", hf_tps, hf_t), ("re-prefill", rp_tps, rp_t), ("ours", ours_tps, ours_t)):
-        print(f"{name:16s} {tps:,.0f} tok/s  (runs: {', '.join(f'{t:.3f}s' for t in times)})")
-    # FLOPs of one untimed run of each JAX side, every jitted call counted (no stop token:
-    # every turn's decode loop runs its N - 1 steps after the first token). HF re-feeds the
-    # conversation as re-prefill does: the same FLOP count.
-    with roofline.counting_calls(multi_turn, {"_turn": N - 1, "_extend": 1}) as ours_count:
-        ours_run()
-    with roofline.counting_calls(single_turn, {"prefill_prompts": 1, "decode_tokens": N - 1}) as rp_count:
-        reprefill_run()
+        counted = roofline.counting_calls(multi_turn, {"_turn": N - 1, "_extend": 1})
+    else:
+        sampling = SamplingParams(max_new_tokens=N, temperature=1.0)
+
+        def run_once():
+            convs = [list(p) for p in prompt_lists]
+            for t in range(T):
+                i, m = left_pad(convs)
+                out = np.asarray(sampler.generate(i, m, jax.random.fold_in(key, t), sampling).tokens)
+                convs = [c + out[r].tolist() + (obs if t < T - 1 else []) for r, c in enumerate(convs)]
+            return convs
+
+        counted = roofline.counting_calls(single_turn, {"prefill_prompts": 1, "decode_tokens": N - 1})
+    run_once()  # the compile
+    with counted as count:
+        run_once()
+    info["flops"] = count["flops"]
+    return run_once, info
+
+
+def side_command(side: str, args) -> list[str]:
+    """This script again, as the child running ``side`` on the parent's core."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--batch", str(args.batch), "--turns",
+           str(args.turns), "--turn-tokens", str(args.turn_tokens), "--obs-tokens", str(args.obs_tokens)]
+    return cmd + (["--cpu", str(CPU)] if CPU is not None else ["--no-pin"])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--turn-tokens", type=int, default=32)
+    parser.add_argument("--obs-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpu", type=int, help="the core every side runs on (default: the first this process may use)")
+    parser.add_argument("--no-pin", action="store_true", help="leave the processes unpinned")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child's side
+    roofline.add_peak_argument(parser)
+    args = parser.parse_args(argv)
+    if args.side:
+        serve(*build_side(args.side, args))
+        return
+    B, T, N, O = args.batch, args.turns, args.turn_tokens, args.obs_tokens
+    # The peak first, alone on the core, before any side exists.
     peak = roofline.peak_flops_per_s(args.peak_gflops)
-    rates = {side: roofline.rate(c["flops"], statistics.median(t), peak)
-             for side, c, t in (("ours", ours_count, ours_t), ("reprefill", rp_count, rp_t), ("hf", rp_count, hf_t))}
+    sides, infos = start_sides({side: side_command(side, args) for side in SIDES})
+    try:
+        times = timed_in_turns(sides, args.repeats)
+    finally:
+        close_sides(sides)
+    n_params = infos["ours"]["params"]
+    print(f"model: qwen2, {n_params / 1e6:.2f}M params; {B} episodes x {T} turns x {N} tokens, observations {O}")
+    tokens = B * T * N
+    med = {side: statistics.median(r["wall"] for r in runs) for side, runs in times.items()}
+    tps = {side: tokens / med[side] for side in SIDES}
+    for side, name in (("hf", "HF turn by turn"), ("reprefill", "re-prefill"), ("ours", "ours")):
+        runs = ", ".join(f"{r['wall']:.3f}s" for r in times[side])
+        print(f"{name:16s} {tps[side]:,.0f} tok/s  (runs: {runs})")
+    # HF re-feeds the conversation as re-prefill does: the same FLOP count.
+    flops_of = {"ours": infos["ours"]["flops"], "reprefill": infos["reprefill"]["flops"], "hf": infos["reprefill"]["flops"]}
+    rates = {side: roofline.rate(flops_of[side], med[side], peak) for side in ("ours", "reprefill", "hf")}
     for side, r in rates.items():
         print(roofline.line(f"{side} FLOP/s", r, peak))
     flops = {**roofline.result_keys(rates["ours"], peak)}
@@ -180,9 +215,12 @@ def main(argv=None) -> None:
         flops.update({k: v for k, v in roofline.result_keys(rates[side], peak, side).items() if k.startswith(side)})
     print(json.dumps({
         "benchmark": "multiturn_rollout", "params": n_params, "batch": B, "turns": T, "turn_tokens": N,
-        "obs_tokens": O, "threads": 1, "hf_tokens_per_s": round(hf_tps, 1), "reprefill_tokens_per_s": round(rp_tps, 1),
-        "ours_tokens_per_s": round(ours_tps, 1), "ratio_reprefill": round(ours_tps / rp_tps, 3),
-        "ratio": round(ours_tps / hf_tps, 3), **flops,
+        "obs_tokens": O, "threads": 1, "processes": "own",
+        "pinning": (f"each side in a process of its own, all on core {CPU}, timed in turns" if CPU is not None
+                    else "each side in a process of its own, unpinned"),
+        "hf_tokens_per_s": round(tps["hf"], 1), "reprefill_tokens_per_s": round(tps["reprefill"], 1),
+        "ours_tokens_per_s": round(tps["ours"], 1), "ratio_reprefill": round(tps["ours"] / tps["reprefill"], 3),
+        "ratio": round(tps["ours"] / tps["hf"], 3), **flops,
     }))
 
 
