@@ -56,7 +56,7 @@ import numpy as np
 # sampler_vs_hf pins torch to one thread when it is imported (before any torch work).
 from sampler_vs_hf import MODEL, prompts  # noqa: E402
 import roofline  # noqa: E402
-from side_process import close_sides, serve, start_sides, timed_in_turns  # noqa: E402
+from side_process import running_sides, serve, timed_in_turns  # noqa: E402
 
 import jax  # noqa: E402
 import torch  # noqa: E402
@@ -221,11 +221,8 @@ def main(argv=None) -> None:
     B, T, N, O = args.batch, args.turns, args.turn_tokens, args.obs_tokens
     # The peak first, alone on the core, before any side exists.
     peak = roofline.peak_flops_per_s(args.peak_gflops)
-    sides, infos = start_sides({side: side_command(side, args) for side in SIDES})
-    try:
+    with running_sides({side: side_command(side, args) for side in SIDES}) as (sides, infos):
         times = timed_in_turns(sides, args.repeats)
-    finally:
-        close_sides(sides)
     n_params = infos["ours"]["params"]
     print(f"model: qwen2, {n_params / 1e6:.2f}M params; {B} episodes x {T} turns x {N} tokens, observations {O}")
     tokens = B * T * N

@@ -87,7 +87,7 @@ from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 
 import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
-from side_process import close_sides, serve, start_sides, timed_in_turns  # noqa: E402
+from side_process import running_sides, serve, timed_in_turns  # noqa: E402
 
 SIZES = {
     "tiny": {
@@ -222,11 +222,8 @@ def main(argv=None) -> None:
     peak = roofline.peak_flops_per_s(args.peak_gflops)
     commands = {"ours": side_command("ours", args, False)}
     commands.update({mode: side_command(mode, args, i == 0) for i, mode in enumerate(args.hf)})
-    sides, infos = start_sides(commands)
-    try:
+    with running_sides(commands) as (sides, infos):
         times = timed_in_turns(sides, args.repeats)
-    finally:
-        close_sides(sides)
     n_params = infos["ours"]["params"]
     print(f"model: qwen2 ({args.size}), {n_params / 1e6:.2f}M params; batch {args.batch} x {args.new_tokens} new tokens")
     print(f"ours: {infos['ours']['versions']}; HF: {infos[args.hf[0]]['versions']}, threads {infos[args.hf[0]]['threads']}")

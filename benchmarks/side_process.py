@@ -15,6 +15,7 @@ that dies ends the parent with one ``error:`` line naming the side.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -64,23 +65,20 @@ class SideProcess:
         self.proc.stdin.close()
 
 
-def start_sides(commands: dict[str, list[str]]) -> tuple[dict[str, SideProcess], dict[str, dict]]:
-    """Starts the children one after another (each builds and compiles alone) and returns
-    them with what each said when ready. On a failure the ones started are closed."""
+@contextlib.contextmanager
+def running_sides(commands: dict[str, list[str]]):
+    """The children of ``commands`` started one after another (each builds and compiles
+    alone): yields ``(sides, what each said when ready)`` and closes every one started,
+    whatever happens."""
     sides, infos = {}, {}
     try:
         for name, cmd in commands.items():
             sides[name] = SideProcess(name, cmd)
             infos[name] = sides[name].ready()
-    except BaseException:
-        close_sides(sides)
-        raise
-    return sides, infos
-
-
-def close_sides(sides: dict[str, SideProcess]) -> None:
-    for side in sides.values():
-        side.close()
+        yield sides, infos
+    finally:
+        for side in sides.values():
+            side.close()
 
 
 def timed_in_turns(sides: dict[str, SideProcess], repeats: int) -> dict[str, list[dict]]:

@@ -77,7 +77,7 @@ if __name__ == "__main__":
 from sampler_vs_hf import MODEL  # isort: skip
 from recorded import warn_regressions  # isort: skip
 import roofline  # isort: skip
-from side_process import close_sides, serve, start_sides, timed_in_turns  # isort: skip
+from side_process import running_sides, serve, timed_in_turns  # isort: skip
 
 import jax
 import jax.numpy as jnp
@@ -233,8 +233,7 @@ def main(argv=None) -> None:
 
     # The peak first, alone on the core, before either side exists.
     peak = roofline.peak_flops_per_s(args.peak_gflops)
-    sides, infos = start_sides({side: side_command(side, args) for side in ("torch", "ours")})
-    try:
+    with running_sides({side: side_command(side, args) for side in ("torch", "ours")}) as (sides, infos):
         torch_losses, jax_losses = infos["torch"]["losses"], infos["ours"]["losses"]
         diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
         print(f"model: qwen2, {infos['ours']['params'] / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; "
@@ -249,8 +248,6 @@ def main(argv=None) -> None:
             raise SystemExit(f"error: losses disagree by {max(diffs):.2e} (> {tolerance:g}): the two sides do not "
                              "train the same model")
         times = timed_in_turns(sides, args.repeats)
-    finally:
-        close_sides(sides)
     wall = {name: [r["wall"] / args.steps for r in runs] for name, runs in times.items()}
     cpu = {name: [r["cpu"] / args.steps for r in runs] for name, runs in times.items()}
     med = statistics.median

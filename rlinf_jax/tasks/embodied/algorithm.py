@@ -114,14 +114,13 @@ class PPO(Algorithm):
         by the partition rules (replicated on a pure data mesh, FSDP-split on an ``fsdp``
         axis), the rest replicated: where `place` puts each leaf of ``ts`` (real or
         abstract: the planner lays out the state it never allocates with these)."""
-        stale = isinstance(ts, StaleTrainState)
-        rest = jax.tree.map(lambda _: replicated(self.mesh),
-                            ts.replace(env_state=None, params=None, opt_state=None, **({"acting": None} if stale else {})))
+        rest = jax.tree.map(lambda _: replicated(self.mesh), ts.replace(env_state=None, params=None, opt_state=None))
         params, opt_state = (param_shardings(t, self.mesh, self.rules) for t in (ts.params, ts.opt_state))
         laid = rest.replace(
             params=params, opt_state=opt_state, env_state=batch_shardings(ts.env_state, self.mesh, self.env.num_envs)
         )
-        return laid.replace(acting=self.acting_shardings(ts.acting, self.mesh)) if stale else laid
+        # A stale state's older weights lie where the rollout reads weights laid out by this mesh.
+        return laid.replace(acting=self.acting_shardings(ts.acting, self.mesh)) if isinstance(ts, StaleTrainState) else laid
 
     # ----------------------------------------------------------- pure programs
     def chunk(self, ts: TrainState, num_iterations):
