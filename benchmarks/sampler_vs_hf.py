@@ -38,6 +38,10 @@ Each side is built and warmed up once in its process (our compile; torch's first
 costs), then the parent asks the processes in turn for one timed call each, over
 ``--repeats`` rounds (so load from other processes hits every side alike, and no two run
 at once); the median is reported. tokens/s = batch * new tokens / seconds.
+``--matmul mkl`` routes every matrix product of our sampler (projections, MLP, tied head)
+through Intel MKL (``actor.model.matmul=mkl``, the ``mkl`` extra; one MKL thread), the
+library torch's own CPU products call; ``xla`` (default) is XLA's dot.
+
 Greedy outputs of the two sides are also compared (``greedy_match``) as a sanity check
 that both run the same model.
 
@@ -47,6 +51,7 @@ The last line of stdout is one JSON object: each side's tokens/s, the settings, 
     python benchmarks/sampler_vs_hf.py [--batch 32] [--new-tokens 64] [--repeats 5] [--cpu N | --no-pin]
     python benchmarks/sampler_vs_hf.py --size 0.5b --new-tokens 32 --repeats 3
     python benchmarks/sampler_vs_hf.py --hf eager          # generate's defaults alone
+    python benchmarks/sampler_vs_hf.py --size 0.5b --matmul mkl
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ CPU = None  # the core both sides run on (None: not pinned)
 if __name__ == "__main__" and "--no-pin" not in sys.argv[1:]:
     # Before torch and JAX start their thread pools: threads inherit the affinity.
     CPU = pin_to_one_cpu(sys.argv[1:])
+
+# --matmul mkl: one thread, as torch's (read when MKL loads).
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 # Must precede the first `import jax` anywhere in the process.
 os.environ["XLA_FLAGS"] = (
@@ -81,7 +89,8 @@ torch.set_num_interop_threads(1)
 
 import jax
 
-from rlinf_jax.policies.lm import from_pretrained
+from rlinf_jax import kernels
+from rlinf_jax.policies.lm import from_pretrained, set_matmul
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 
@@ -156,6 +165,12 @@ def build_side(side: str, args) -> tuple:
             hf.save_pretrained(d)
             model = from_pretrained(d)
         del hf  # its weights are ours now
+        # FLOPs are counted on the jaxpr's dots, which a custom call hides: count them with
+        # XLA's products first (the arithmetic is the same).
+        flops = roofline.program_flops(lambda: Sampler(model).generate(ids, mask, jax.random.key(0), SamplingParams(
+            max_new_tokens=args.new_tokens, temperature=1.0)), while_trips=args.new_tokens - 1)
+        kernels.check_backend(args.matmul, model.dtype)
+        set_matmul(model, args.matmul)
         sampler, key = Sampler(model), jax.random.key(0)
         sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
 
@@ -166,8 +181,7 @@ def build_side(side: str, args) -> tuple:
         info["greedy"] = np.asarray(greedy).tolist()
         # prefill, then the decode loop's max_new_tokens - 1 steps (no stop token: every
         # row runs to the end); one count for both sides (same model, same tokens)
-        info["flops"] = roofline.program_flops(lambda: sampler.generate(ids, mask, key, sampling),
-                                               while_trips=args.new_tokens - 1)
+        info["flops"] = flops
         info["versions"] = f"jax {jax.__version__} devices {jax.devices()}"
     else:
         t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
@@ -194,7 +208,7 @@ def build_side(side: str, args) -> tuple:
 def side_command(side: str, args, greedy: bool) -> list[str]:
     """This script again, as the child running ``side`` on the parent's core."""
     cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--size", args.size, "--batch", str(args.batch),
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens), "--matmul", args.matmul]
     cmd += ["--cpu", str(CPU)] if CPU is not None else ["--no-pin"]
     return cmd + (["--greedy"] if greedy else [])
 
@@ -210,6 +224,8 @@ def main(argv=None) -> None:
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
     parser.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES),
                         help="HF configurations to time (module docstring); the ratio is against the fastest")
+    parser.add_argument("--matmul", choices=("xla", "mkl"), default="xla",
+                        help="our products' backend (actor.model.matmul): XLA's dot or Intel MKL")
     parser.add_argument("--side", choices=("ours", *HF_MODES), help=argparse.SUPPRESS)  # a child's side
     parser.add_argument("--greedy", action="store_true", help=argparse.SUPPRESS)  # a child reports greedy tokens
     roofline.add_peak_argument(parser)
@@ -261,6 +277,7 @@ def main(argv=None) -> None:
                  + ", sdpa attention, torch.no_grad",
                  "torch_threads": infos[headline]["threads"]},
         "precision": "float32",
+        "matmul": args.matmul,
         "greedy_match": greedy_match,
         "hf_tokens_per_s": round(hf_tps[headline], 1),
         "hf_tokens_per_s_by_configuration": {m: round(v, 1) for m, v in hf_tps.items()},

@@ -4,10 +4,12 @@
 One step = forward, backward and an AdamW update on a batch of ``--batch`` x ``--seq``
 token ids (default 32 x 128) with the causal LM objective: the mean cross-entropy of each
 token given the ones before it (``T - 1`` targets per row, no padding). The model is the
-one ``sampler_vs_hf.py`` uses (its ``MODEL``: Qwen2, hidden 256, 4 layers, 4 heads, 2 KV
+one ``sampler_vs_hf.py`` uses (its ``SIZES["tiny"]``: Qwen2, hidden 256, 4 layers, 4 heads, 2 KV
 heads, intermediate 512, vocabulary 2048, tied embeddings; ~2.9M parameters), built by
 transformers and loaded into ours through ``save_pretrained`` / ``from_pretrained``, so both
-sides start from the same float32 weights. AdamW has the same hyperparameters on both
+sides start from the same float32 weights. ``--size 0.5b`` trains a random model of
+Qwen2.5-0.5B's shapes instead (``sampler_vs_hf.SIZES``: 494M parameters, vocabulary
+151,936), built the same way, the size people fine-tune. AdamW has the same hyperparameters on both
 sides (torch's ``AdamW`` and ``optax.adamw`` decay weights the same decoupled way).
 
 Each side in a process of its own (``side_process``: this script again, with ``--side``),
@@ -52,6 +54,7 @@ us) and ``cpu_ratio``, the same from CPU time.
     python benchmarks/train_step_vs_torch.py [--batch 32] [--seq 128] [--steps 3] [--repeats 7] [--cpu N]
     python benchmarks/train_step_vs_torch.py --precision bfloat16 [--matmul mkl]
     python benchmarks/train_step_vs_torch.py --torch-compile
+    python benchmarks/train_step_vs_torch.py --size 0.5b --batch 4 --steps 1 --repeats 3 --torch-compile
 """
 
 from __future__ import annotations
@@ -73,8 +76,8 @@ if __name__ == "__main__":
     os.environ.setdefault("MKL_NUM_THREADS", "1")  # --matmul mkl: one thread, as the other sides (read when MKL loads)
 
 # sampler_vs_hf sets XLA_FLAGS on import, so it must come before the first `import jax`;
-# it also sets torch to one thread. Its MODEL is the model we train.
-from sampler_vs_hf import MODEL  # isort: skip
+# it also sets torch to one thread. Its SIZES are the models we train.
+from sampler_vs_hf import SCALES, SIZES  # isort: skip
 from recorded import warn_regressions  # isort: skip
 import roofline  # isort: skip
 from side_process import running_sides, serve, timed_in_turns  # isort: skip
@@ -96,8 +99,8 @@ from rlinf_jax.policies.lm.tiny import tiny_hf_model
 ADAMW = {"lr": 3e-4, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 
 
-def token_batch(batch: int, seq: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, MODEL["vocab_size"], (batch, seq))
+def token_batch(batch: int, seq: int, vocab_size: int = SIZES["tiny"]["vocab_size"], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab_size, (batch, seq))
 
 
 def torch_trainer(hf, ids: np.ndarray, precision: str = "float32", compiled: bool = False):
@@ -174,9 +177,10 @@ def build_side(side: str, args) -> tuple:
     """``(one timed turn, ready info)`` of one side (in its own process): the model built
     from the same float32 weights, its first ``PARITY_STEPS`` losses (the parity check's)
     and one untimed warm-up turn taken (our compile; torch's first-call costs)."""
-    hf = tiny_hf_model("qwen2", seed=0, scale=0.1, attn_implementation="sdpa", **MODEL)
+    shapes = SIZES[args.size]
+    hf = tiny_hf_model("qwen2", seed=0, scale=SCALES[args.size], attn_implementation="sdpa", **shapes)
     info = {"params": sum(p.numel() for p in hf.parameters())}
-    ids = token_batch(args.batch, args.seq)
+    ids = token_batch(args.batch, args.seq, shapes["vocab_size"])
     if side == "torch":
         step = torch_trainer(hf, ids, args.precision, args.torch_compile)
         info["versions"] = f"transformers {transformers.__version__}, torch {torch.__version__}"
@@ -202,13 +206,15 @@ def build_side(side: str, args) -> tuple:
 
 def side_command(side: str, args) -> list[str]:
     """This script again, as the child running ``side`` on the parent's core."""
-    return [sys.executable, os.path.abspath(__file__), "--side", side, "--cpu", str(CPU), "--batch", str(args.batch),
+    return [sys.executable, os.path.abspath(__file__), "--side", side, "--cpu", str(CPU), "--size", args.size,
+            "--batch", str(args.batch),
             "--seq", str(args.seq), "--steps", str(args.steps), "--precision", args.precision, "--matmul", args.matmul,
             *(["--torch-compile"] if args.torch_compile else [])]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="training steps per timed turn")
@@ -236,7 +242,7 @@ def main(argv=None) -> None:
     with running_sides({side: side_command(side, args) for side in ("torch", "ours")}) as (sides, infos):
         torch_losses, jax_losses = infos["torch"]["losses"], infos["ours"]["losses"]
         diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
-        print(f"model: qwen2, {infos['ours']['params'] / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; "
+        print(f"model: qwen2 ({args.size}), {infos['ours']['params'] / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; "
               f"{args.precision}; our products: {args.matmul}; AdamW {ADAMW}")
         print(f"ours: {infos['ours']['versions']}; torch: {infos['torch']['versions']}, threads "
               f"{infos['torch']['threads']}; each side in a process of its own on core {CPU}")
@@ -259,6 +265,7 @@ def main(argv=None) -> None:
     result = {
         "benchmark": "train_step_vs_torch",
         "model": "qwen2",
+        "size": args.size,
         "params": infos["ours"]["params"],
         "batch": args.batch,
         "seq": args.seq,
