@@ -90,6 +90,7 @@ torch.set_num_interop_threads(1)
 import jax
 
 from rlinf_jax import kernels
+from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm import from_pretrained, set_matmul
 from rlinf_jax.policies.lm.tiny import tiny_hf_model
 from rlinf_jax.rollout.sampler import Sampler, SamplingParams
@@ -169,7 +170,6 @@ def build_side(side: str, args) -> tuple:
         # XLA's products first (the arithmetic is the same).
         flops = roofline.program_flops(lambda: Sampler(model).generate(ids, mask, jax.random.key(0), SamplingParams(
             max_new_tokens=args.new_tokens, temperature=1.0)), while_trips=args.new_tokens - 1)
-        kernels.check_backend(args.matmul, model.dtype)
         set_matmul(model, args.matmul)
         sampler, key = Sampler(model), jax.random.key(0)
         sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
@@ -224,12 +224,17 @@ def main(argv=None) -> None:
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny", help="the model's shapes (module docstring)")
     parser.add_argument("--hf", nargs="+", choices=HF_MODES, default=list(HF_MODES),
                         help="HF configurations to time (module docstring); the ratio is against the fastest")
-    parser.add_argument("--matmul", choices=("xla", "mkl"), default="xla",
+    parser.add_argument("--matmul", choices=kernels.BACKENDS, default="xla",
                         help="our products' backend (actor.model.matmul): XLA's dot or Intel MKL")
     parser.add_argument("--side", choices=("ours", *HF_MODES), help=argparse.SUPPRESS)  # a child's side
     parser.add_argument("--greedy", action="store_true", help=argparse.SUPPRESS)  # a child reports greedy tokens
     roofline.add_peak_argument(parser)
     args = parser.parse_args(argv)
+    try:  # before any side starts: MKL's kernel is built here when it is not yet cached
+        kernels.check_backend(args.matmul, "float32")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.side:
         serve(*build_side(args.side, args))
         return
