@@ -207,8 +207,8 @@ def build_side(side: str, args) -> tuple:
 def side_command(side: str, args) -> list[str]:
     """This script again, as the child running ``side`` on the parent's core."""
     return [sys.executable, os.path.abspath(__file__), "--side", side, "--cpu", str(CPU), "--size", args.size,
-            "--batch", str(args.batch),
-            "--seq", str(args.seq), "--steps", str(args.steps), "--precision", args.precision, "--matmul", args.matmul,
+            "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
+            "--precision", args.precision, "--matmul", args.matmul,
             *(["--torch-compile"] if args.torch_compile else [])]
 
 
@@ -242,8 +242,8 @@ def main(argv=None) -> None:
     with running_sides({side: side_command(side, args) for side in ("torch", "ours")}) as (sides, infos):
         torch_losses, jax_losses = infos["torch"]["losses"], infos["ours"]["losses"]
         diffs = [abs(a - b) for a, b in zip(torch_losses, jax_losses)]
-        print(f"model: qwen2 ({args.size}), {infos['ours']['params'] / 1e6:.2f}M params; batch {args.batch} x {args.seq} tokens; "
-              f"{args.precision}; our products: {args.matmul}; AdamW {ADAMW}")
+        print(f"model: qwen2 ({args.size}), {infos['ours']['params'] / 1e6:.2f}M params; "
+              f"batch {args.batch} x {args.seq} tokens; {args.precision}; our products: {args.matmul}; AdamW {ADAMW}")
         print(f"ours: {infos['ours']['versions']}; torch: {infos['torch']['versions']}, threads "
               f"{infos['torch']['threads']}; each side in a process of its own on core {CPU}")
         print(f"first-step loss: torch {torch_losses[0]:.7f}  ours {jax_losses[0]:.7f}  |diff| {diffs[0]:.2e}")
