@@ -35,7 +35,7 @@ from pathlib import Path
 RECIPE = [
     "actor.model.lm.hidden_size=64", "actor.model.lm.intermediate_size=128", "actor.model.lm.num_layers=2",
     "actor.model.lm.num_heads=2", "actor.model.lm.num_kv_heads=1", "data.train_levels=[1]", "data.eval_levels=[1]",
-    "rollout.max_new_tokens=12", "data.rollout_batch_size=8", "algorithm.group_size=4",
+    "rollout.max_new_tokens=12", "data.rollout_batch_size=8", "algorithm.lm.group_size=4",
     "actor.global_batch_size=16", "actor.micro_batch_size=8", "algorithm.update_epochs=2",
     "runner.progress_bar=false", "runner.tensorboard=false", "runner.log_interval=1", "runner.eval_interval=0",
     "runner.save_interval=0", "cluster.component_placement=disaggregated",

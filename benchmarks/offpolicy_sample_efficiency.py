@@ -36,8 +36,8 @@ import tempfile
 import time
 
 ALGORITHMS = ("sac", "crossq", "sac_ensemble", "rlpd")
-ENSEMBLE = ["algorithm.num_q=10", "algorithm.num_min_q=2", "algorithm.actor_q_reduce=mean", "algorithm.critic_norm=layer",
-            "algorithm.target_entropy_per_dim=-0.5"]
+ENSEMBLE = ["algorithm.offpolicy.num_q=10", "algorithm.offpolicy.num_min_q=2", "algorithm.offpolicy.actor_q_reduce=mean", "algorithm.offpolicy.critic_norm=layer",
+            "algorithm.offpolicy.target_entropy_per_dim=-0.5"]
 
 
 def log(msg: str) -> None:
@@ -50,15 +50,15 @@ def overrides(name: str, args, demos: str) -> tuple[str, list[str]]:
         return "sac_brax", common
     # The SAC recipe's schedule, so that only the algorithms differ (crossq_brax and
     # rlpd_brax are scheduled for a GPU / for fewer envs).
-    schedule = ["algorithm.rollout_length=10", "algorithm.utd_ratio=32", "algorithm.batch_size=64",
-                "algorithm.replay_size=16384", "algorithm.learning_starts=512", "algorithm.gamma=0.97",
+    schedule = ["algorithm.rollout_length=10", "algorithm.offpolicy.utd_ratio=32", "algorithm.offpolicy.batch_size=64",
+                "algorithm.offpolicy.replay_size=16384", "algorithm.offpolicy.learning_starts=512", "algorithm.gamma=0.97",
                 "algorithm.reward_scale=10.0", "algorithm.normalize_observations=true", "env.num_envs=64"]
     if name == "crossq":
         w = args.crossq_width
         return "crossq_brax", [*common, *schedule, f"actor.model.value_hidden_sizes=[{w},{w}]"]
     if name == "sac_ensemble":
         return "sac_brax", [*common, *ENSEMBLE]
-    return "rlpd_brax", [*common, *schedule, f"algorithm.demo_path={demos}"]
+    return "rlpd_brax", [*common, *schedule, f"algorithm.offpolicy.demo_path={demos}"]
 
 
 def run_one(name: str, seed: int, args, demos: str) -> dict:

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
     n, b = args.steps, args.batch_size
     cfg = load_run_config("sac_brax", ["runner.progress_bar=false", "runner.tensorboard=false",
-                                       "algorithm.target_entropy_per_dim=-0.5", f"algorithm.batch_size={b}",
+                                       "algorithm.offpolicy.target_entropy_per_dim=-0.5", f"algorithm.offpolicy.batch_size={b}",
                                        f"actor.model.matmul={args.matmul}",
                                        f"actor.model.compute_dtype={args.compute_dtype}"])
     setup = make_setup(cfg)
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         observation=batches.obs, action=batches.action, reward=batches.reward, discount=1.0 - batches.terminated,
         next_observation=batches.next_obs, extras={"state_extras": {"truncation": jnp.zeros((n, b))}},
     )
-    tau = cfg.algorithm.tau
+    tau = cfg.algorithm.offpolicy.tau
 
     @jax.jit
     def brax(st, transitions, key):

@@ -37,17 +37,17 @@ iteration is ``algorithm.rollout_length`` of them. An epoch (between evaluations
 ``--eval-every`` iterations, i.e. ``eval_every * rollout_length`` Brax training steps.
 
     num_envs                      -> env.num_envs
-    grad_updates_per_step         -> algorithm.utd_ratio
-    batch_size                    -> algorithm.batch_size
+    grad_updates_per_step         -> algorithm.offpolicy.utd_ratio
+    batch_size                    -> algorithm.offpolicy.batch_size
     learning_rate (all three)     -> actor.optim.lr = actor.optim.critic_lr
     discounting                   -> algorithm.gamma
     reward_scaling                -> algorithm.reward_scale
-    tau                           -> algorithm.tau
-    max_replay_size               -> algorithm.replay_size
-    min_replay_size               -> algorithm.learning_starts
+    tau                           -> algorithm.offpolicy.tau
+    max_replay_size               -> algorithm.offpolicy.replay_size
+    min_replay_size               -> algorithm.offpolicy.learning_starts
     normalize_observations        -> algorithm.normalize_observations
-    (target entropy -0.5 * |A|)   -> algorithm.target_entropy_per_dim = -0.5
-    (2 critics, 256x256 relu)     -> algorithm.num_q = 2, actor.model.*_hidden_sizes, activation relu
+    (target entropy -0.5 * |A|)   -> algorithm.offpolicy.target_entropy_per_dim = -0.5
+    (2 critics, 256x256 relu)     -> algorithm.offpolicy.num_q = 2, actor.model.*_hidden_sizes, activation relu
     episode_length, num_eval_envs -> env.episode_length, env.num_eval_envs
     deterministic_eval=True       -> (ours always evaluates the mode)
 
@@ -197,12 +197,12 @@ def make_config(args):
         f"runner.seed={args.seed}", "runner.progress_bar=false", "runner.tensorboard=false",
         f"env.name={args.env}", f"env.backend={args.backend}", f"env.num_envs={args.num_envs}",
         f"env.episode_length={args.episode_length}", f"env.num_eval_envs={args.num_eval_envs}",
-        f"algorithm.rollout_length={args.rollout_length}", f"algorithm.utd_ratio={args.utd}",
-        f"algorithm.batch_size={args.batch_size}", f"algorithm.replay_size={args.replay_size}",
-        f"algorithm.learning_starts={args.min_replay}", f"algorithm.gamma={args.gamma}",
-        f"algorithm.reward_scale={args.reward_scaling}", f"algorithm.tau={args.tau}",
+        f"algorithm.rollout_length={args.rollout_length}", f"algorithm.offpolicy.utd_ratio={args.utd}",
+        f"algorithm.offpolicy.batch_size={args.batch_size}", f"algorithm.offpolicy.replay_size={args.replay_size}",
+        f"algorithm.offpolicy.learning_starts={args.min_replay}", f"algorithm.gamma={args.gamma}",
+        f"algorithm.reward_scale={args.reward_scaling}", f"algorithm.offpolicy.tau={args.tau}",
         f"algorithm.normalize_observations={str(args.normalize_observations).lower()}",
-        "algorithm.target_entropy_per_dim=-0.5", "algorithm.num_q=2",
+        "algorithm.offpolicy.target_entropy_per_dim=-0.5", "algorithm.offpolicy.num_q=2",
         f"actor.model.policy_hidden_sizes=[{','.join(map(str, args.hidden))}]",
         f"actor.model.value_hidden_sizes=[{','.join(map(str, args.hidden))}]", "actor.model.activation=relu",
         f"actor.optim.lr={args.learning_rate}", f"actor.optim.critic_lr={args.learning_rate}",

@@ -306,7 +306,7 @@ def sac_stages(overrides, peaks, repeats) -> list[dict]:
     algorithm = trainer.algorithm
     # Past the random warm-up, so the timed iteration takes its gradient steps.
     a = algorithm.cfg.algorithm
-    warm = a.learning_starts // (algorithm.env.num_envs * a.rollout_length) + 1
+    warm = a.offpolicy.learning_starts // (algorithm.env.num_envs * a.rollout_length) + 1
     ts, _ = trainer.run_chunk(ts, algorithm.demos, jnp.int32(warm))
 
     def iteration(ts):

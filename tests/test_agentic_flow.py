@@ -16,7 +16,7 @@ TINY = [
     "actor.model.lm.num_heads=2", "actor.model.lm.num_kv_heads=1",
     "data.train_levels=[1]", "data.eval_levels=[1]", "data.eval_size=16", "rollout.eval_batch_size=16",
     "runner.progress_bar=false", "runner.tensorboard=false", "runner.log_interval=1",
-    "data.rollout_batch_size=4", "algorithm.group_size=4", "actor.global_batch_size=8", "actor.micro_batch_size=8",
+    "data.rollout_batch_size=4", "algorithm.lm.group_size=4", "actor.global_batch_size=8", "actor.micro_batch_size=8",
     "agent.max_turns=2", "agent.max_turn_tokens=32", "agent.max_episode_tokens=80",
     "sft.warm_start_steps=80", "sft.lr=3e-3", "sft.batch_size=32", "sft.train_levels=[1]",
     "data.sft_tool_fraction=1.0",  # transcripts only: 80 steps learn the call syntax
@@ -36,7 +36,7 @@ def strip(records):
 
 @pytest.mark.slow
 def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
-    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.kl_coef=0.01", "agent.advantage_mode=turn")
+    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.lm.kl_coef=0.01", "agent.advantage_mode=turn")
     assert run(tmp_path, "full", "runner.max_steps=4", *extra) == 0
     assert run(tmp_path, "cut", "runner.max_steps=2", *extra) == 0
     assert run(tmp_path, "cut", "runner.max_steps=4", "runner.resume=auto", *extra) == 0

@@ -144,7 +144,7 @@ def test_sft_and_reasoning_updates_take_the_chunked_head(tmp_path):
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
 
-    extra = ("algorithm.update_epochs=2", "algorithm.kl_coef=0.01")
+    extra = ("algorithm.update_epochs=2", "algorithm.lm.kl_coef=0.01")
     t_whole, t_chunked = trainer(tmp_path, *extra), trainer(tmp_path, *extra, "actor.model.logits_chunk=7")
     assert t_chunked.update_spec.logits_chunk == 7
     rl_batch = {k: jnp.asarray(v) for k, v in _fixed_batch(t_whole).items()}

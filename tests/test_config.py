@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlinf_jax.config import Config, config_to_yaml, list_recipes, load_config, load_config_file
 from rlinf_jax.errors import BadInput
@@ -199,7 +200,7 @@ def test_a_saved_config_with_the_flat_model_names_reads_as_the_nested_keys(tmp_p
     flat = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped in ("lm:", "vla:", "pi0:"):
+        if line in ("    lm:", "    vla:", "    pi0:"):  # actor.model's sections (not algorithm.lm)
             kind = stripped[:-1]
             continue
         if line.startswith("      ") and not line.startswith("       "):
@@ -226,6 +227,32 @@ def test_an_old_flat_model_name_is_one_error_line_naming_the_new_key(tmp_path):
     """)
     msg = bad(name="r", config_dir=tmp_path)
     assert "actor.model.pi0_num_steps in recipe r.yaml is now called actor.model.pi0.num_steps" in msg
+
+
+def test_a_saved_config_with_the_flat_algorithm_names_reads_as_the_family_sections(tmp_path):
+    # Run folders saved before the algorithm's keys were nested by family hold
+    # algorithm.utd_ratio, algorithm.group_size, ... at the top of the section.
+    cfg = load_config("sac_brax", ["algorithm.offpolicy.utd_ratio=4", "algorithm.offpolicy.tau=0.01",
+                                   "algorithm.gamma=0.9"])
+    saved = yaml.safe_load(config_to_yaml(cfg))
+    section = saved["algorithm"]
+    section.update({**section.pop("offpolicy"), **section.pop("lm")})
+    assert section["utd_ratio"] == 4 and section["tau"] == 0.01 and "offpolicy" not in section
+    old = tmp_path / "config.yaml"
+    old.write_text(yaml.safe_dump(saved))
+    assert load_config_file(old) == cfg
+    section["offpolicy"] = {"utd_ratio": 2}
+    both = tmp_path / "both.yaml"
+    both.write_text(yaml.safe_dump(saved))
+    with pytest.raises(BadInput, match="algorithm.utd_ratio and algorithm.offpolicy.utd_ratio are both set"):
+        load_config_file(both)
+
+
+def test_an_old_flat_algorithm_name_is_one_error_line_naming_the_new_key():
+    msg = bad(["algorithm.utd_ratio=4"], name="sac_brax")
+    assert "algorithm.utd_ratio" in msg and "is now called algorithm.offpolicy.utd_ratio" in msg
+    msg = bad(["algorithm.kl_coef=0.1"], name="grpo_math")
+    assert "is now called algorithm.lm.kl_coef" in msg
 
 
 def test_resume_accepts_existing_path(tmp_path):
@@ -374,12 +401,12 @@ def test_every_packaged_recipe_sets_only_keys_its_task_reads(name):
 
 
 @pytest.mark.parametrize("recipe, override, fragment", [
-    ("ppo_brax", "algorithm.clip_high=0.28", "clips both sides with algorithm.clip_eps"),
+    ("ppo_brax", "algorithm.lm.clip_high=0.28", "clips both sides with algorithm.clip_eps"),
     ("ppo_brax", "data.rollout_batch_size=8", "is not read by an embodied run"),
     ("ppo_brax", "env.layout=task", "is not read by an embodied run"),  # a tabletop key on brax
     ("ppo_brax", "actor.model.vla.n_bins=64", "is not read by an embodied run"),
     ("grpo_math", "env.num_envs=4", "prompts per iteration are data.rollout_batch_size"),
-    ("grpo_math", "algorithm.clip_eps=0.2", "clips with algorithm.clip_low and algorithm.clip_high"),
+    ("grpo_math", "algorithm.clip_eps=0.2", "clips with algorithm.lm.clip_low and algorithm.lm.clip_high"),
     ("grpo_math", "flow.num_micro_batches=2", "is not read by a reasoning run"),
     ("sft_math", "sft.lr=1e-4", "an sft run learns at actor.optim.lr"),
     ("sft_vla_tabletop", "actor.optim.lr=1e-4", "clones at sft.lr"),

@@ -93,7 +93,7 @@ def test_every_workload_exits_promptly_after_its_last_line(tmp_path, workload):
         "sft": ["--config-name", "sft_math", *TINY_LM, *where, "runner.max_steps=2", "runner.eval_interval=2",
                 "data.eval_size=8"],
         "reasoning": ["--config-name", "grpo_math", *TINY_LM, *where, "runner.max_steps=2", "sft.warm_start_steps=2",
-                      "data.rollout_batch_size=4", "algorithm.group_size=2", "actor.global_batch_size=8",
+                      "data.rollout_batch_size=4", "algorithm.lm.group_size=2", "actor.global_batch_size=8",
                       "actor.micro_batch_size=8", "data.eval_size=8", "sft.batch_size=8"],
         "vla": ["--config-name", "ppo_vla_tabletop", *TINY_VLA, *where, "runner.max_steps=2", "runner.eval_interval=2",
                 "runner.save_interval=1"],

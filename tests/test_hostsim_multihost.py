@@ -45,8 +45,8 @@ RUN = [
 SAC = [
     "--config-name", "sac_gym_mujoco",
     "env.num_envs=8", "env.num_eval_envs=4", "env.episode_length=20", "env.num_workers=1",
-    "algorithm.rollout_length=4", "algorithm.utd_ratio=2", "algorithm.batch_size=16", "algorithm.learning_starts=16",
-    "algorithm.replay_size=512", "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
+    "algorithm.rollout_length=4", "algorithm.offpolicy.utd_ratio=2", "algorithm.offpolicy.batch_size=16", "algorithm.offpolicy.learning_starts=16",
+    "algorithm.offpolicy.replay_size=512", "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
     "runner.save_interval=2", "runner.log_interval=1", "runner.eval_interval=2",
     "runner.progress_bar=false", "runner.tensorboard=false", "cluster.num_devices=all",
 ]

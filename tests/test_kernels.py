@@ -272,7 +272,7 @@ def _sac_steps(extra, steps=3):
     from rlinf_jax.tasks.registry import load_run_config
 
     cfg = load_run_config("sac_brax", ["runner.progress_bar=false", "runner.tensorboard=false", "env.num_envs=4",
-                                       "algorithm.batch_size=32", *extra])
+                                       "algorithm.offpolicy.batch_size=32", *extra])
     setup = make_setup(cfg)
     obs, act = setup.env.observation_size, setup.env.action_size
     key = jax.random.PRNGKey(0)

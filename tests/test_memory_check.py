@@ -62,7 +62,7 @@ def test_the_cpu_backend_reports_no_limit_and_nothing_is_compiled():
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, extra", [
     ("ppo_brax", ["runner.max_steps=1", "env.num_envs=64", "algorithm.rollout_length=4"]),
-    ("sac_brax", ["runner.max_steps=1", "algorithm.learning_starts=0"]),
+    ("sac_brax", ["runner.max_steps=1", "algorithm.offpolicy.learning_starts=0"]),
 ])
 def test_control_runs_are_checked_too(tmp_path, monkeypatch, capsys, recipe, extra):
     run = ["--config-name", recipe, *extra, "runner.eval_interval=0", f"runner.output_dir={tmp_path}"]

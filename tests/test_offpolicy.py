@@ -27,10 +27,10 @@ TINY_SAC = [
     "env.num_eval_envs=8",
     "env.episode_length=200",
     "algorithm.rollout_length=16",
-    "algorithm.utd_ratio=8",
-    "algorithm.batch_size=128",
-    "algorithm.replay_size=4096",
-    "algorithm.learning_starts=256",
+    "algorithm.offpolicy.utd_ratio=8",
+    "algorithm.offpolicy.batch_size=128",
+    "algorithm.offpolicy.replay_size=4096",
+    "algorithm.offpolicy.learning_starts=256",
     "actor.model.policy_hidden_sizes=[64,64]",
     "actor.model.value_hidden_sizes=[64,64]",
     "actor.optim.lr=1e-3",
@@ -149,7 +149,7 @@ def _batch(obs_size, act_size, n=32, seed=0):
 
 @pytest.mark.parametrize("name", ["sac", "crossq"])
 def test_critic_step_regresses_on_the_hand_computed_soft_target(name):
-    cfg = _cfg("algorithm.gamma=0.9", "algorithm.reward_scale=2.0", "algorithm.init_alpha=0.3",
+    cfg = _cfg("algorithm.gamma=0.9", "algorithm.reward_scale=2.0", "algorithm.offpolicy.init_alpha=0.3",
                "actor.model.value_hidden_sizes=[32,32]", recipe=f"{name}_brax")
     algorithm = OffPolicy(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
     ts = algorithm.fresh_state()
@@ -214,7 +214,7 @@ def _assert_same_final_state(run_a, run_b):
 @pytest.mark.slow
 def test_resume_with_the_replay_buffer_is_bit_identical(tmp_path):
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.save_interval=2",
-              "runner.eval_interval=4", "runner.log_interval=1", "algorithm.learning_starts=64"]
+              "runner.eval_interval=4", "runner.log_interval=1", "algorithm.offpolicy.learning_starts=64"]
     assert main([*common, "runner.experiment_name=straight", "runner.max_steps=4"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=2"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=4", "runner.resume=auto"]) == 0
@@ -248,7 +248,7 @@ def test_every_layout_gives_the_same_numbers_on_eight_devices(tmp_path):
     same numbers. The asynchronous mode (the rollout one iteration behind) has numbers of
     its own, and the same ones in every layout."""
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.max_steps=2",
-              "runner.eval_interval=2", "runner.log_interval=1", "algorithm.learning_starts=64"]
+              "runner.eval_interval=2", "runner.log_interval=1", "algorithm.offpolicy.learning_starts=64"]
     runs = {
         "one": ["cluster.num_devices=1"],
         "fused": [],
@@ -282,7 +282,7 @@ def test_an_asynchronous_disaggregated_run_resumes_exactly(tmp_path):
     a chunk of two iterations (the second's rollout enqueued before the first's learning)
     ends where two chunks of one do, bit for bit."""
     common = ["--config-name", "sac_brax", *TINY_SAC, f"runner.output_dir={tmp_path}", "runner.save_interval=2",
-              "runner.eval_interval=4", "runner.log_interval=1", "algorithm.learning_starts=64",
+              "runner.eval_interval=4", "runner.log_interval=1", "algorithm.offpolicy.learning_starts=64",
               "cluster.component_placement=disaggregated", "flow.max_staleness=1"]
     assert main([*common, "runner.experiment_name=straight", "runner.max_steps=4"]) == 0
     assert main([*common, "runner.experiment_name=resumed", "runner.max_steps=2"]) == 0

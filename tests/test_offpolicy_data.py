@@ -73,8 +73,8 @@ def test_rlpd_batches_are_half_online_half_demonstrations(tmp_path):
         terminated=np.zeros(n, np.float32),
     )
     path = write_transitions(tmp_path / "demos.parquet", demos, np.zeros(n), np.zeros(n))
-    cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.demo_path={path}", "algorithm.batch_size=40",
-                                        "algorithm.demo_ratio=0.25"])
+    cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.offpolicy.demo_path={path}", "algorithm.offpolicy.batch_size=40",
+                                        "algorithm.offpolicy.demo_ratio=0.25"])
     algorithm = OffPolicy(cfg, make_setup(cfg), jax.sharding.Mesh(jax.devices()[:1], ("data",)))
     ts = algorithm.fresh_state()
     online = TransitionBatch(obs=np.ones((8, 4), np.float32), action=np.zeros((8, 1), np.float32),
@@ -103,7 +103,7 @@ def test_a_bad_demo_path_is_one_line_before_training(tmp_path, damage):
     }), path)
     demo_path, message = (path, "column observations has rows of different lengths") if damage == "ragged" else (
         tmp_path, "is a directory \\(it holds demos.parquet\\)")
-    cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.demo_path={demo_path}"])
+    cfg = load_run_config("rlpd_brax", [*TINY_SAC, f"algorithm.offpolicy.demo_path={demo_path}"])
     with pytest.raises(BadInput, match=message) as e:
         make_setup(cfg)
     assert "\n" not in str(e.value)
@@ -115,9 +115,9 @@ def test_offline_iql_beats_behaviour_cloning_on_a_mixed_dataset(mixed, tmp_path)
     IQL's advantage weights pick the expert's actions."""
     returns = {}
     for name, beta in (("iql", "3.0"), ("bc", "0.0")):
-        assert main(["--config-name", "iql_brax", f"algorithm.demo_path={mixed}", f"runner.output_dir={tmp_path}",
-                     f"runner.experiment_name={name}", f"algorithm.awr_temperature={beta}", "runner.max_steps=10",
-                     "algorithm.offline_iterations=10", "algorithm.utd_ratio=10", "runner.eval_interval=10",
+        assert main(["--config-name", "iql_brax", f"algorithm.offpolicy.demo_path={mixed}", f"runner.output_dir={tmp_path}",
+                     f"runner.experiment_name={name}", f"algorithm.offpolicy.awr_temperature={beta}", "runner.max_steps=10",
+                     "algorithm.offpolicy.offline_iterations=10", "algorithm.offpolicy.utd_ratio=10", "runner.eval_interval=10",
                      "runner.save_interval=0", "actor.model.policy_hidden_sizes=[64,64]",
                      "actor.model.value_hidden_sizes=[64,64]", *QUIET]) == 0
         records = read_metrics(tmp_path / name)
@@ -135,14 +135,14 @@ def test_a_missing_dataset_names_the_command_that_makes_it(tmp_path, capsys):
     from tests.conftest import TINY
 
     demos = tmp_path / "demos" / "pendulum.parquet"
-    rlpd = ["--config-name", "rlpd_brax", *TINY_SAC, f"algorithm.demo_path={demos}", f"runner.output_dir={tmp_path}",
+    rlpd = ["--config-name", "rlpd_brax", *TINY_SAC, f"algorithm.offpolicy.demo_path={demos}", f"runner.output_dir={tmp_path}",
             "runner.experiment_name=rlpd", *QUIET]
     assert main(rlpd) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"algorithm.demo_path={demos} does not exist" in err, err
+    assert err.count("\n") == 0 and f"algorithm.offpolicy.demo_path={demos} does not exist" in err, err
     command = f"python -m rlinf_jax.collect --expert ppo_brax --transitions 20000 --out {demos}"
     assert err.endswith(f"make it with: {command}"), err
-    iql = load_run_config("iql_brax", [*TINY_SAC, f"algorithm.demo_path={demos}"])
+    iql = load_run_config("iql_brax", [*TINY_SAC, f"algorithm.offpolicy.demo_path={demos}"])
     with pytest.raises(BadInput, match="--expert ppo_brax --transitions 4096 --random-fraction 0.5 --out"):
         make_setup(iql)  # IQL's buffer (4096 here) holds its dataset
 

@@ -22,7 +22,7 @@ pytest.importorskip("gymnasium")
 
 TINY = [
     "env.num_envs=8", "env.num_eval_envs=2", "env.episode_length=20", "algorithm.rollout_length=4",
-    "algorithm.utd_ratio=2", "algorithm.batch_size=16", "algorithm.learning_starts=32", "algorithm.replay_size=512",
+    "algorithm.offpolicy.utd_ratio=2", "algorithm.offpolicy.batch_size=16", "algorithm.offpolicy.learning_starts=32", "algorithm.offpolicy.replay_size=512",
     "actor.model.policy_hidden_sizes=[16,16]", "actor.model.value_hidden_sizes=[16,16]",
     "runner.progress_bar=false", "runner.tensorboard=false",
 ]

@@ -41,8 +41,8 @@ def _flow_advantages(adv_type, mask, logp, ref, rewards, group_size, kl_coef, kl
     """The reasoning flow's own advantage step (`tasks/reasoning/update.advantages`) on a
     batch whose behaviour log-probs are the sampler's (one epoch, one mini-batch)."""
     algorithm = SimpleNamespace(
-        adv_type=adv_type, group_size=group_size, gamma=1.0, kl_coef=kl_coef, kl_type=kl_type, kl_in_reward=True,
-        normalize_advantages=False,
+        adv_type=adv_type, gamma=1.0, normalize_advantages=False,
+        lm=SimpleNamespace(group_size=group_size, kl_coef=kl_coef, kl_type=kl_type, kl_in_reward=True),
     )
     u = rl.RLUpdate(None, None, None, None, None, algorithm, 1.0, len(rewards), len(rewards), 1, recompute_old=False)
     batch = {"response_mask": jnp.asarray(mask), "rewards": jnp.asarray(rewards), "sampler_logp": jnp.asarray(logp),

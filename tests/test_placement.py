@@ -158,7 +158,7 @@ def _flows():
     from tests.test_sft import TINY_LM
     from tests.test_vla_flow import TINY_VLA, TINY_VLA_MODEL
 
-    rl = [*TINY_LM, "sft.warm_start_steps=0", "data.rollout_batch_size=4", "algorithm.group_size=4",
+    rl = [*TINY_LM, "sft.warm_start_steps=0", "data.rollout_batch_size=4", "algorithm.lm.group_size=4",
           "actor.global_batch_size=16", "actor.micro_batch_size=8"]
     # Runs with a single component (the actor) can only be collocated.
     return {
@@ -166,7 +166,7 @@ def _flows():
         "vla": (lambda o: _embodied("ppo_vla_tabletop", [*TINY_VLA, "env.num_envs=8", "env.num_eval_envs=8",
                                                          "env.reset_mode=cached", *o]), True),
         "reasoning": (lambda o: _reasoning([*rl, *o]), True),
-        "reasoning_kl": (lambda o: _reasoning([*rl, "algorithm.kl_coef=0.01", *o]), True),
+        "reasoning_kl": (lambda o: _reasoning([*rl, "algorithm.lm.kl_coef=0.01", *o]), True),
         "sft": (lambda o: _sft_lm([*TINY_LM, *o]), False),
         "sft_vla": (lambda o: _sft_vla([*TINY_VLA_MODEL, "env.num_envs=8", "env.num_eval_envs=8", *o]), False),
     }

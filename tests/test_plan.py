@@ -25,7 +25,7 @@ pytest.importorskip("libtpu", reason="the planner compiles for TPUs through libt
 TINY_PLAN = [
     "actor.model.scan_layers=true", "actor.model.lm.num_layers=2", "actor.model.lm.hidden_size=512",
     "actor.model.lm.intermediate_size=1024", "actor.model.lm.num_heads=4", "actor.model.lm.num_kv_heads=2",
-    "actor.model.lm.vocab_size=4096", "data.rollout_batch_size=4", "algorithm.group_size=2",
+    "actor.model.lm.vocab_size=4096", "data.rollout_batch_size=4", "algorithm.lm.group_size=2",
     "data.max_prompt_length=16", "rollout.max_new_tokens=8", "actor.global_batch_size=8", "actor.micro_batch_size=4",
     "cluster.mesh={actor: {fsdp: all}, rollout: {fsdp: all}}",
 ]
@@ -124,7 +124,7 @@ def test_bytes_per_chip_follow_the_shardings():
 @pytest.mark.slow
 def test_a_run_that_cannot_fit_is_refused_in_one_line_and_its_remedy_found(tmp_path):
     # A real vocabulary at a large batch: the float32 logits alone outgrow a v5e chip.
-    big = [*TINY_PLAN, "actor.model.lm.vocab_size=151936", "data.rollout_batch_size=32", "algorithm.group_size=8",
+    big = [*TINY_PLAN, "actor.model.lm.vocab_size=151936", "data.rollout_batch_size=32", "algorithm.lm.group_size=8",
            "rollout.max_new_tokens=1024", "data.max_prompt_length=512", "actor.global_batch_size=256",
            "actor.micro_batch_size=64"]
     proc = subprocess.run([sys.executable, "-m", "rlinf_jax.plan", "--config-name", "grpo_math", "--target", "v5e:2x2",
@@ -331,10 +331,10 @@ def test_a_tiny_sac_run_compiles_for_two_tpu_generations_with_its_replay_split_o
         return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
 
     actor = mlp([obs, *m.policy_hidden_sizes, 2 * act])  # a mean and a log-std per action
-    critics = cfg.algorithm.num_q * mlp([obs + act, *m.value_hidden_sizes, 1])
+    critics = cfg.algorithm.offpolicy.num_q * mlp([obs + act, *m.value_hidden_sizes, 1])
     adam = 2 * (actor + critics) * 4  # two float32 moments per parameter, replicated
     for target, chips in (("v5e:2x2", 4), ("v6e:2x4", 8)):
-        report = rj.plan("sac_brax", target, [f"algorithm.replay_size={capacity}"])
+        report = rj.plan("sac_brax", target, [f"algorithm.offpolicy.replay_size={capacity}"])
         out = report.to_json()
         assert out["chips"] == chips and out["fits"] is True
         programs = out["components"]["collocated"]["programs"]

@@ -266,7 +266,7 @@ def test_reasoning_reference_and_critic_read_the_nf4_base(tmp_path):
     from tests.test_reasoning import _fixed_batch, trainer
     from rlinf_jax.tasks.reasoning import update as rl
 
-    t = trainer(tmp_path, "actor.model.lora_rank=4", "actor.model.base_qtype=nf4", "algorithm.kl_coef=0.01",
+    t = trainer(tmp_path, "actor.model.lora_rank=4", "actor.model.base_qtype=nf4", "algorithm.lm.kl_coef=0.01",
                 "algorithm.adv_type=gae")
     assert any(p[-1] == CODES for p, _ in nnx.to_flat_state(t.reference))
     batch = {k: jnp.asarray(v) for k, v in _fixed_batch(t).items()}

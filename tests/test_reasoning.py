@@ -28,7 +28,7 @@ def rl_config(tmp_path, *extra):
         "runner.experiment_name=r",
         "sft.warm_start_steps=0",
         "data.rollout_batch_size=4",
-        "algorithm.group_size=4",
+        "algorithm.lm.group_size=4",
         "actor.global_batch_size=16",
         "actor.micro_batch_size=16",
         *extra,
@@ -120,7 +120,7 @@ def test_grpo_advantages_and_on_policy_loss_match_hand_formulas(tmp_path):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_accumulate_to_the_whole_mini_batch(tmp_path, agg):
-    extra = (f"algorithm.loss_agg={agg}", "algorithm.update_epochs=2", "actor.global_batch_size=8")
+    extra = (f"algorithm.lm.loss_agg={agg}", "algorithm.update_epochs=2", "actor.global_batch_size=8")
     whole = trainer(tmp_path, *extra, "actor.micro_batch_size=8")
     split = trainer(tmp_path, *extra, "actor.micro_batch_size=2")
     batch = {k: jnp.asarray(v) for k, v in _fixed_batch(whole, 1).items()}
@@ -160,7 +160,7 @@ def test_gae_on_the_value_model_matches_a_naive_loop(tmp_path):
 
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups(tmp_path):
-    t = trainer(tmp_path, "algorithm.dynamic_sampling=true", "algorithm.max_resample=3")
+    t = trainer(tmp_path, "algorithm.lm.dynamic_sampling=true", "algorithm.lm.max_resample=3")
     real = t.collector.round
     plans = iter([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]])  # informative groups per round
 

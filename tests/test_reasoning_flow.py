@@ -31,7 +31,7 @@ TINY = [
     *TINY_LM,
     *QUIET,
     "data.rollout_batch_size=8",
-    "algorithm.group_size=4",
+    "algorithm.lm.group_size=4",
     "actor.global_batch_size=16",
     "actor.micro_batch_size=8",
     "algorithm.update_epochs=2",
@@ -64,7 +64,7 @@ def test_grpo_after_sft_raises_the_reward(tmp_path, warm):
     data = tmp_path / "two.jsonl"
     data.write_text('{"prompt": "What is 3 + 1?", "answer": "4"}\n{"prompt": "What is 4 + 5?", "answer": "9"}\n')
     args = rl(tmp_path, warm, "up", "data.source=files", f"data.train_path={data}", f"data.eval_path={data}",
-              "data.rollout_batch_size=2", "algorithm.group_size=16", "algorithm.update_epochs=1",
+              "data.rollout_batch_size=2", "algorithm.lm.group_size=16", "algorithm.update_epochs=1",
               "actor.global_batch_size=32", "actor.micro_batch_size=32", "actor.optim.lr=1e-3",
               "runner.max_steps=20", "runner.eval_interval=20")
     assert main(args) == 0
@@ -78,7 +78,7 @@ def test_grpo_after_sft_raises_the_reward(tmp_path, warm):
 def test_resume_continues_exactly(tmp_path, warm):
     # A constant learning rate: a linear decay would tie the schedule to runner.max_steps,
     # which the cut run (stopped at 2, as a killed run would be) sets differently.
-    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.kl_coef=0.01",
+    extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.lm.kl_coef=0.01",
              "actor.optim.lr_schedule=constant")
     assert main(rl(tmp_path, warm, "full", "runner.max_steps=4", *extra)) == 0
     assert main(rl(tmp_path, warm, "cut", "runner.max_steps=2", *extra)) == 0
@@ -104,7 +104,7 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, war
         # every iteration: the run resumed from the middle below starts from one.
         ("dynamic", "disaggregated", ("cluster.scaling=dynamic", "runner.save_interval=1")),
     ]:
-        argv = rl(tmp_path, warm, name, "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
+        argv = rl(tmp_path, warm, name, "runner.max_steps=3", "runner.eval_interval=3", "algorithm.lm.kl_coef=0.01",
                   f"cluster.component_placement={placement}", *extra)
         assert main(argv) == 0
         run_dir = tmp_path / name
@@ -118,7 +118,7 @@ def test_collocated_disaggregated_and_hybrid_give_the_same_metrics(tmp_path, war
                                            "axis_names": ["data"]}
     assert all(r["time/switch_s"] > 0 for r in results["dynamic"][0][1:])
     # A dynamic run resumed from its checkpoint of iteration 2 repeats iteration 3.
-    assert main(rl(tmp_path, warm, "resumed", "runner.max_steps=3", "runner.eval_interval=3", "algorithm.kl_coef=0.01",
+    assert main(rl(tmp_path, warm, "resumed", "runner.max_steps=3", "runner.eval_interval=3", "algorithm.lm.kl_coef=0.01",
                    "cluster.component_placement=disaggregated", "cluster.scaling=dynamic",
                    f"runner.resume={tmp_path / 'dynamic' / 'checkpoints' / '2'}")) == 0
     resumed = strip(read_metrics(tmp_path / "resumed"))

@@ -41,10 +41,10 @@ RUN = [
     "--config-name", "grpo_math",
     *TINY_LM,
     "data.rollout_batch_size=8",
-    "algorithm.group_size=4",
+    "algorithm.lm.group_size=4",
     "actor.global_batch_size=32",
     "actor.micro_batch_size=8",
-    "algorithm.kl_coef=0.01",  # the reference component too
+    "algorithm.lm.kl_coef=0.01",  # the reference component too
     "runner.max_steps=2",
     "runner.eval_interval=2",
     "runner.log_interval=1",

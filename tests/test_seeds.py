@@ -98,11 +98,11 @@ def _chunk(trainer, iterations: int):
     # PPO's products batch to the same sums here; SAC's 128-row critic products are
     # reassociated by the batched matmul, and 96 gradient steps carry it a little further.
     ("ppo_brax", build_ppo, [*TINY, "cluster.component_placement=collocated"], 1e-5),
-    ("sac_brax", build_offpolicy, [*TINY_SAC, "algorithm.learning_starts=64", "algorithm.rollout_length=8",
-                                   "algorithm.utd_ratio=4"], 2e-3),
+    ("sac_brax", build_offpolicy, [*TINY_SAC, "algorithm.offpolicy.learning_starts=64", "algorithm.rollout_length=8",
+                                   "algorithm.offpolicy.utd_ratio=4"], 2e-3),
     # Batch renormalisation's running statistics and the policy delay, per run.
-    ("crossq_brax", build_offpolicy, [*TINY_SAC, "algorithm.learning_starts=64", "algorithm.rollout_length=8",
-                                      "algorithm.utd_ratio=4", "algorithm.batch_size=64"], 2e-3),
+    ("crossq_brax", build_offpolicy, [*TINY_SAC, "algorithm.offpolicy.learning_starts=64", "algorithm.rollout_length=8",
+                                      "algorithm.offpolicy.utd_ratio=4", "algorithm.offpolicy.batch_size=64"], 2e-3),
     # MJX's physics under the seed axis. The state holds to 1e-5; the logged pre-clip gradient
     # norm (about 330, clipped to 1) sums reassociated squares and lands 6e-4 apart on some
     # CPUs (seen on an Intel Xeon with AVX-512 and AMX), so the metrics are compared at 1e-3.
@@ -125,10 +125,10 @@ def test_each_seed_equals_alone_when_learning_from_a_dataset(recipe, tmp_path):
         terminated=(rng.uniform(size=n) < 0.05).astype(np.float32),
     )
     path = write_transitions(tmp_path / "demos.parquet", demos, np.zeros(n), np.zeros(n))
-    overrides = [*TINY_SAC, f"algorithm.demo_path={path}", "algorithm.learning_starts=64", "algorithm.rollout_length=8",
-                 "algorithm.utd_ratio=4"]
+    overrides = [*TINY_SAC, f"algorithm.offpolicy.demo_path={path}", "algorithm.offpolicy.learning_starts=64", "algorithm.rollout_length=8",
+                 "algorithm.offpolicy.utd_ratio=4"]
     if recipe == "iql_brax":  # two offline iterations, then one online
-        overrides.append("algorithm.offline_iterations=2")
+        overrides.append("algorithm.offpolicy.offline_iterations=2")
     _each_seed_equals_alone(recipe, build_offpolicy, overrides, 2e-3)
 
 

@@ -8,7 +8,7 @@
    outcome reward by the reward function (``reward.overlong_*``).
 4. Dynamic sampling: ``informative_groups`` below marks prompt groups whose rewards are
    not all equal (an all-equal group has zero GRPO advantage, hence no gradient); the
-   reasoning runner keeps sampling new groups, at most ``algorithm.max_resample`` rounds,
+   reasoning runner keeps sampling new groups, at most ``algorithm.lm.max_resample`` rounds,
    until the batch is full of informative ones
    (``rlinf_jax.rollout.dynamic_sampling.collect_informative_groups``).
 """

@@ -90,7 +90,7 @@ def aggregate(x, mask=None, mode="token-mean", max_len=None):
     the ``seq-*`` modes need ``[B, L]``.
     """
     if mode not in AGGREGATIONS:
-        raise BadInput(f"algorithm.loss_agg={mode!r} is not a known aggregation; choose one of {sorted(AGGREGATIONS)}")
+        raise BadInput(f"algorithm.lm.loss_agg={mode!r} is not a known aggregation; choose one of {sorted(AGGREGATIONS)}")
     x = jnp.asarray(x, jnp.float32)
     return AGGREGATIONS[mode](x, _mask_like(x, mask), max_len)
 
@@ -280,7 +280,7 @@ def kl_penalty(logp, ref_logp, kind="k1"):
     result with ``aggregate`` for a loss term, or subtract coef * it from token rewards.
     """
     if kind not in KL_KINDS:
-        raise BadInput(f"algorithm.kl_type={kind!r} is not a known KL estimator; choose one of {sorted(KL_KINDS)}")
+        raise BadInput(f"algorithm.lm.kl_type={kind!r} is not a known KL estimator; choose one of {sorted(KL_KINDS)}")
     d = jnp.asarray(logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32)
     return KL_KINDS[kind](d)
 

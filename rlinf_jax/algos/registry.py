@@ -1,7 +1,7 @@
 """Algorithms selected by name from config.
 
 ``algorithm.adv_type`` -> ``ADVANTAGES``, ``algorithm.loss_type`` -> ``POLICY_LOSSES``,
-``algorithm.kl_type`` -> ``KL_KINDS``, ``algorithm.loss_agg`` -> ``AGGREGATIONS``.
+``algorithm.lm.kl_type`` -> ``KL_KINDS``, ``algorithm.lm.loss_agg`` -> ``AGGREGATIONS``.
 Adding an algorithm is one function plus one line: either an entry in a table below or
 ``@register_advantage("name")`` (etc.) on the function.
 """
@@ -71,9 +71,9 @@ def get_policy_loss(name: str) -> Callable:
 
 def get_kl(name: str) -> Callable:
     """The per-token KL function of d = logp - ref_logp; or call ``kl_penalty(logp, ref, name)``."""
-    return _lookup(KL_KINDS, "KL estimator", "algorithm.kl_type", name)
+    return _lookup(KL_KINDS, "KL estimator", "algorithm.lm.kl_type", name)
 
 
 def get_aggregation(name: str) -> Callable:
     """The reducer fn(x, mask, max_len); or call ``aggregate(x, mask, name)``."""
-    return _lookup(AGGREGATIONS, "aggregation", "algorithm.loss_agg", name)
+    return _lookup(AGGREGATIONS, "aggregation", "algorithm.lm.loss_agg", name)

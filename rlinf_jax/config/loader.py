@@ -28,7 +28,14 @@ try:
 except ImportError:  # pragma: no cover  (private API)
     get_yaml_loader = None
 
-from rlinf_jax.config.schema import Config, LMSection, Pi0Section, VLASection
+from rlinf_jax.config.schema import (
+    Config,
+    LMAlgorithmSection,
+    LMSection,
+    OffPolicySection,
+    Pi0Section,
+    VLASection,
+)
 from rlinf_jax.errors import BadInput
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -82,12 +89,21 @@ SECTIONS = _schema_sections()
 OPEN_LEAVES = {"cluster.component_placement", "cluster.mesh", "cluster.partition_rules", "env.gym_kwargs",
                "agent.skyrl_env_config"}
 # The model's keys once sat flat in actor.model with their kind as a prefix (lm_hidden_size);
-# they are nested by kind now (lm.hidden_size). Old name -> new name, for the one-line error
-# that names the new key and for reading run folders saved with the old names.
+# they are nested by kind now (lm.hidden_size). The algorithm's keys of one family once sat
+# flat in algorithm (algorithm.utd_ratio); they are nested by family now
+# (algorithm.offpolicy.utd_ratio). Old name -> new name, for the one-line error that names
+# the new key and for reading run folders saved with the old names.
 RENAMED = {
-    f"actor.model.{kind}_{f.name}": f"actor.model.{kind}.{f.name}"
-    for kind, section in (("lm", LMSection), ("vla", VLASection), ("pi0", Pi0Section))
-    for f in dataclasses.fields(section)
+    **{
+        f"actor.model.{kind}_{f.name}": f"actor.model.{kind}.{f.name}"
+        for kind, section in (("lm", LMSection), ("vla", VLASection), ("pi0", Pi0Section))
+        for f in dataclasses.fields(section)
+    },
+    **{
+        f"algorithm.{f.name}": f"algorithm.{family}.{f.name}"
+        for family, section in (("lm", LMAlgorithmSection), ("offpolicy", OffPolicySection))
+        for f in dataclasses.fields(section)
+    },
 }
 FLOW_RUNNERS = ("fused", "staged", "auto")
 PLACEMENT_PRESETS = ("collocated", "disaggregated", "hybrid", "auto")
@@ -465,22 +481,26 @@ def load_config_file(path: str | os.PathLike, overrides: Iterable[str] = ()) -> 
 
 
 def _renamed_to_nested(data: dict, where: str) -> dict:
-    """A saved config with the model's old flat names (``RENAMED``), written by an earlier
-    version, as the nested keys it means now; a run folder keeps resuming across the rename."""
-    model = _dig(data, "actor.model")
-    if not isinstance(model, dict):
-        return data
-    model = dict(model)
+    """A saved config with old flat names (``RENAMED``), written by an earlier version, as
+    the nested keys they mean now; a run folder keeps resuming across the renames."""
     for old, new in RENAMED.items():
-        name = old.rpartition(".")[2]
-        if name not in model:
+        old_parent, _, name = old.rpartition(".")
+        parent = _dig(data, old_parent)
+        if not isinstance(parent, dict) or name not in parent:
             continue
-        kind, key = new.split(".")[-2:]
-        section = model.get(kind) or {}
+        section_path, _, key = new.rpartition(".")
+        section = _dig(data, section_path) or {}
         if not isinstance(section, dict) or key in section:
             raise _bad(f"{old} and {new} are both set {where}; keep {new} only")
-        model[kind] = {**section, key: model.pop(name)}
-    return {**data, "actor": {**data["actor"], "model": model}}
+        data = _with(data, old_parent, {k: v for k, v in parent.items() if k != name})
+        data = _with(data, section_path, {**section, key: parent[name]})
+    return data
+
+
+def _with(tree: dict, path: str, value) -> dict:
+    """``tree`` with the node at dotted ``path`` replaced by ``value`` (copies, no mutation)."""
+    head, _, rest = path.partition(".")
+    return {**tree, head: _with(tree.get(head) or {}, rest, value) if rest else value}
 
 
 def config_to_yaml(cfg: Config) -> str:
@@ -558,13 +578,14 @@ def _validate_algorithm(a) -> None:
         v = getattr(a, name)
         _require(math.isfinite(v) and v >= 0, f"algorithm.{name}={v} must be a finite number >= 0")
     _require(math.isfinite(a.reward_scale), f"algorithm.reward_scale={a.reward_scale} must be finite")
-    _require(a.group_size >= 1, f"algorithm.group_size={a.group_size} must be >= 1")
-    _require(0 < a.clip_low < 1, f"algorithm.clip_low={a.clip_low} must be in (0, 1)")
-    _require(math.isfinite(a.clip_high) and a.clip_high > 0, f"algorithm.clip_high={a.clip_high} must be > 0")
-    _require(a.dual_clip == 0 or a.dual_clip > 1, f"algorithm.dual_clip={a.dual_clip} must be 0 (off) or > 1")
-    _require(math.isfinite(a.kl_coef) and a.kl_coef >= 0, f"algorithm.kl_coef={a.kl_coef} must be >= 0 (0 = no KL)")
-    _require(a.max_resample >= 0, f"algorithm.max_resample={a.max_resample} must be >= 0")
-    _require(math.isfinite(a.value_clip) and a.value_clip >= 0, f"algorithm.value_clip={a.value_clip} must be >= 0 (0 = off)")
+    lm = a.lm
+    _require(lm.group_size >= 1, f"algorithm.lm.group_size={lm.group_size} must be >= 1")
+    _require(0 < lm.clip_low < 1, f"algorithm.lm.clip_low={lm.clip_low} must be in (0, 1)")
+    _require(math.isfinite(lm.clip_high) and lm.clip_high > 0, f"algorithm.lm.clip_high={lm.clip_high} must be > 0")
+    _require(lm.dual_clip == 0 or lm.dual_clip > 1, f"algorithm.lm.dual_clip={lm.dual_clip} must be 0 (off) or > 1")
+    _require(math.isfinite(lm.kl_coef) and lm.kl_coef >= 0, f"algorithm.lm.kl_coef={lm.kl_coef} must be >= 0 (0 = no KL)")
+    _require(lm.max_resample >= 0, f"algorithm.lm.max_resample={lm.max_resample} must be >= 0")
+    _require(math.isfinite(lm.value_clip) and lm.value_clip >= 0, f"algorithm.lm.value_clip={lm.value_clip} must be >= 0 (0 = off)")
 
 
 def _validate_optim(o) -> None:

@@ -267,27 +267,12 @@ class ActorConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    name: str = "ppo"  # a label for people (run listings); adv_type and loss_type choose the maths
-    adv_type: str = "gae"
-    loss_type: str = "ppo"
-    # Env steps per env per iteration (the rollout length T); GAE runs over all T.
-    rollout_length: int = 80
-    update_epochs: int = 4
-    num_minibatches: int = 32
-    gamma: float = 0.97
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.3
-    entropy_coef: float = 0.01
-    value_coef: float = 0.5
-    reward_scale: float = 10.0
-    normalize_advantages: bool = True
-    normalize_observations: bool = True
-    # Bootstrap V(final observation) when an episode ends on a time limit.
-    bootstrap_on_truncation: bool = True
-    # Language-model RL (runner.task=reasoning); update_epochs, gamma, gae_lambda,
-    # entropy_coef and value_coef above apply too, and normalize_advantages to adv_type=gae
-    # (veRL's choice: group and REINFORCE++ estimators normalise by their own definition).
+class LMAlgorithmSection:
+    """``algorithm.lm``: language-model RL (runner.task=reasoning) beyond what it shares
+    with the control PPO above it (update_epochs, gamma, gae_lambda, entropy_coef,
+    value_coef; normalize_advantages for adv_type=gae, veRL's choice: the group and
+    REINFORCE++ estimators normalise by their own definition)."""
+
     group_size: int = 8  # responses sampled per prompt
     clip_low: float = 0.2  # PPO ratio clip range [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2  # DAPO's clip-higher raises this one, e.g. 0.28
@@ -302,9 +287,15 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     max_resample: int = 3
     value_clip: float = 0.2  # PPO value-model clip range; 0 = off
-    # The off-policy family (runner.task=offpolicy; algorithm.name = sac | crossq | rlpd |
-    # iql). An iteration is rollout_length batched env steps, each followed by utd_ratio
-    # gradient steps on batch_size transitions sampled from the replay buffer.
+
+
+@dataclass
+class OffPolicySection:
+    """``algorithm.offpolicy``: the off-policy family (runner.task=offpolicy; algorithm.name
+    = sac | crossq | rlpd | iql). An iteration is algorithm.rollout_length batched env
+    steps, each followed by utd_ratio gradient steps on batch_size transitions sampled from
+    the replay buffer."""
+
     utd_ratio: int = 1
     batch_size: int = 256
     replay_size: int = 1_000_000  # transitions the buffer holds (oldest overwritten)
@@ -331,6 +322,33 @@ class AlgorithmConfig:
     # Save the replay buffer with each checkpoint (exact resume); false: a resume starts
     # with an empty buffer and refills it (learning_starts random steps again).
     replay_in_checkpoint: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    """What every RL task reads at this level (its policy-gradient core: the control PPO's
+    keys, most of which language-model RL shares), and a section per algorithm family for
+    the keys only that family reads: ``lm`` and ``offpolicy``."""
+
+    name: str = "ppo"  # a label for people (run listings); adv_type and loss_type choose the maths
+    adv_type: str = "gae"
+    loss_type: str = "ppo"
+    # Env steps per env per iteration (the rollout length T); GAE runs over all T.
+    rollout_length: int = 80
+    update_epochs: int = 4
+    num_minibatches: int = 32
+    gamma: float = 0.97
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.3
+    entropy_coef: float = 0.01
+    value_coef: float = 0.5
+    reward_scale: float = 10.0
+    normalize_advantages: bool = True
+    normalize_observations: bool = True
+    # Bootstrap V(final observation) when an episode ends on a time limit.
+    bootstrap_on_truncation: bool = True
+    lm: LMAlgorithmSection = field(default_factory=LMAlgorithmSection)
+    offpolicy: OffPolicySection = field(default_factory=OffPolicySection)
 
 
 @dataclass

@@ -47,7 +47,7 @@ class DataConfig:
     shuffle: bool = True
     # "char" (the built-in character tokenizer) or a local model directory.
     tokenizer: str = "char"
-    # Prompts per RL iteration (each sampled algorithm.group_size times).
+    # Prompts per RL iteration (each sampled algorithm.lm.group_size times).
     rollout_batch_size: int = 32
     # Longer prompts are an error (no silent truncation of a question).
     max_prompt_length: int = 256

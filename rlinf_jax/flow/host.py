@@ -95,7 +95,7 @@ class Host(HostPools, EnvTrainer):
                 "set flow.max_staleness=0"
             )
         if algorithm.offline_iterations:
-            raise BadInput("algorithm.offline_iterations: offline learning needs no simulator; train it on a JAX env")
+            raise BadInput("algorithm.offpolicy.offline_iterations: offline learning needs no simulator; train it on a JAX env")
         # The learner's mesh (the actor's) and the rollout's (where the envs' rows and the acting live).
         self.mesh = mesh = algorithm.mesh
         self.rollout_mesh = component_mesh(placement, "rollout", devices)

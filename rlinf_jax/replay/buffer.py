@@ -57,7 +57,7 @@ class ReplayBuffer:
         if per_env < 1:
             raise BadInput(
                 f"a replay buffer of {capacity} transitions cannot hold one per env of {num_envs}; raise "
-                "algorithm.replay_size"
+                "algorithm.offpolicy.replay_size"
             )
         self.capacity, self.num_envs, self.sample_size = per_env * num_envs, num_envs, sample_size
         self._fbx = fbx.make_trajectory_buffer(

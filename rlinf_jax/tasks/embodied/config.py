@@ -49,9 +49,9 @@ DAGGER_AND_CRITIC = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "d
 BACKBONES = {"vla": "llama", "pi0": "gemma"}
 
 HINTS = {
-    "algorithm.clip_low": "the embodied PPO clips both sides with algorithm.clip_eps",
-    "algorithm.clip_high": "the embodied PPO clips both sides with algorithm.clip_eps",
-    "algorithm.group_size": "groups of envs sharing an episode are env.group_size",
+    "algorithm.lm.clip_low": "the embodied PPO clips both sides with algorithm.clip_eps",
+    "algorithm.lm.clip_high": "the embodied PPO clips both sides with algorithm.clip_eps",
+    "algorithm.lm.group_size": "groups of envs sharing an episode are env.group_size",
     "actor.optim.warmup_steps": "the embodied optimiser has no warm-up (actor.optim.lr_schedule decays it)",
     "actor.global_batch_size": "minibatches are algorithm.num_minibatches of the rollout",
     "actor.micro_batch_size": "minibatches are algorithm.num_minibatches of the rollout",

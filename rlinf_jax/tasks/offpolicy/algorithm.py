@@ -44,7 +44,7 @@ def initial_state(cfg: Config, setup: OffPolicySetup, learner: lib.Learner, key,
     """The state of step 0: the setup's networks (copied: the programs donate their
     state), fresh optimisers and counters, around the given env state and buffer."""
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
-    log_alpha = jnp.log(jnp.asarray(cfg.algorithm.init_alpha, jnp.float32))
+    log_alpha = jnp.log(jnp.asarray(cfg.algorithm.offpolicy.init_alpha, jnp.float32))
     critic = copy(setup.critic)
     obs_size = setup.env.observation_size
     return OffPolicyState(
@@ -181,12 +181,12 @@ class OffPolicy(Algorithm):
 
     # ---------------------------------------------------------- host side
     def snapshot(self, ts: OffPolicyState):
-        # Without the buffer (algorithm.replay_in_checkpoint=false) a resume refills it.
-        return ts if self.cfg.algorithm.replay_in_checkpoint else ts.replace(replay=None)
+        # Without the buffer (algorithm.offpolicy.replay_in_checkpoint=false) a resume refills it.
+        return ts if self.cfg.algorithm.offpolicy.replay_in_checkpoint else ts.replace(replay=None)
 
     def complete(self, restored) -> OffPolicyState:
         """A checkpoint's state as the running state, unplaced: without the buffer
-        (``algorithm.replay_in_checkpoint=false``) an empty one."""
+        (``algorithm.offpolicy.replay_in_checkpoint=false``) an empty one."""
         if restored.replay is None:
             restored = restored.replace(replay=self.empty_replay())
         return restored
@@ -200,7 +200,7 @@ class OffPolicy(Algorithm):
     def meta(self) -> dict:
         info = {"algorithm": self.learner.settings.algorithm}
         if self.setup.dataset_meta is not None:
-            info["dataset"] = {"path": self.cfg.algorithm.demo_path, **self.setup.dataset_meta}
+            info["dataset"] = {"path": self.cfg.algorithm.offpolicy.demo_path, **self.setup.dataset_meta}
         return info
 
     # -------------------------------------------------------------- evaluation

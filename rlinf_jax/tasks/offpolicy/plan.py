@@ -4,7 +4,7 @@ jitted functions it calls, on the target's devices:
 
 - ``iteration``: one iteration in one program (`learner.run_chunk` for one iteration:
   ``algorithm.rollout_length`` x (a batched env step, its transitions into the replay
-  buffer, ``algorithm.utd_ratio`` gradient steps on sampled batches));
+  buffer, ``algorithm.offpolicy.utd_ratio`` gradient steps on sampled batches));
 - ``evaluate``: one deterministic episode per eval env, every ``runner.eval_interval``
   iterations, every episode assumed to run to the time limit.
 
@@ -90,7 +90,7 @@ def programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list[
         f"{dict(placement.components['actor'].mesh_shape)} (the fused runner)",
         f"an iteration: {T} steps of {s.num_envs} envs ({algorithm.env_steps_per_iteration:,} env steps), each "
         f"followed by {utd} gradient step(s) on batches of {B} ({algorithm.grad_steps_per_iteration} an iteration); "
-        f"a replay buffer of {a.replay_size:,} transitions, its rows split with the envs",
+        f"a replay buffer of {a.offpolicy.replay_size:,} transitions, its rows split with the envs",
         f"evaluation: {algorithm.eval_env.num_envs} envs for up to {steps} steps each (every episode to the time limit), "
         + (f"every {every} iterations" if cfg.runner.eval_interval else "once, after the last iteration"),
         "FLOPs and bytes count every env step and every gradient step, but the simulator's own inner loops once "

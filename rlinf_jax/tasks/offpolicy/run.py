@@ -73,7 +73,7 @@ class OffPolicyLoop(env_loop.EnvLoop):
         return {"replay": "actor", "max_staleness": self.cfg.flow.max_staleness}
 
     def offline_iterations(self, step: int) -> int:
-        return min(self.cfg.algorithm.offline_iterations, step)
+        return min(self.cfg.algorithm.offpolicy.offline_iterations, step)
 
     def chunk_metrics(self, metrics: dict, n: int, dt: float, first_chunk: bool, step: int) -> None:
         super().chunk_metrics(metrics, n, dt, first_chunk, step)

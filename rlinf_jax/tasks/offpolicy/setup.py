@@ -30,7 +30,7 @@ from rlinf_jax.tasks.offpolicy.learner import Learner, Settings
 
 
 def dataset_command(cfg: Config) -> str:
-    """The one command that makes the dataset ``algorithm.demo_path`` names: a PPO expert
+    """The one command that makes the dataset ``algorithm.offpolicy.demo_path`` names: a PPO expert
     of the run's env trained (unless its run folder already holds it), then its
     transitions collected; for IQL's offline data, half the envs act at random (a known mix
     of good and bad episodes)."""
@@ -40,9 +40,9 @@ def dataset_command(cfg: Config) -> str:
     else:
         expert = f"RECIPE (a PPO recipe of {env.suite}/{env.name})"
     offline = a.name == "iql"  # its replay buffer holds the dataset
-    transitions = min(50_000, a.replay_size) if offline else 20_000
+    transitions = min(50_000, a.offpolicy.replay_size) if offline else 20_000
     mix = " --random-fraction 0.5" if offline else ""
-    return f"python -m rlinf_jax.collect --expert {expert} --transitions {transitions}{mix} --out {a.demo_path}"
+    return f"python -m rlinf_jax.collect --expert {expert} --transitions {transitions}{mix} --out {a.offpolicy.demo_path}"
 
 
 @dataclass
@@ -54,7 +54,7 @@ class OffPolicySetup:
     critic: Any
     critic_stats: Any
     value: Any  # iql's V parameters; an empty State otherwise
-    # The dataset of algorithm.demo_path as host arrays (None: the run has none) and what
+    # The dataset of algorithm.offpolicy.demo_path as host arrays (None: the run has none) and what
     # its file says about itself.
     dataset: TransitionBatch | None = None
     dataset_meta: dict | None = None
@@ -62,32 +62,32 @@ class OffPolicySetup:
 
 def settings(cfg: Config, env: Env) -> Settings:
     a = cfg.algorithm
-    demo_batch = round(a.batch_size * a.demo_ratio) if a.name == "rlpd" else 0
-    if a.name == "rlpd" and not 0 < demo_batch < a.batch_size:
+    demo_batch = round(a.offpolicy.batch_size * a.offpolicy.demo_ratio) if a.name == "rlpd" else 0
+    if a.name == "rlpd" and not 0 < demo_batch < a.offpolicy.batch_size:
         raise BadInput(
-            f"algorithm.demo_ratio={a.demo_ratio} of algorithm.batch_size={a.batch_size} leaves no room for online or "
+            f"algorithm.offpolicy.demo_ratio={a.offpolicy.demo_ratio} of algorithm.offpolicy.batch_size={a.offpolicy.batch_size} leaves no room for online or "
             "demonstration transitions; pick a ratio that splits the batch"
         )
     return Settings(
         algorithm=a.name,
         num_envs=env.num_envs,
         rollout_length=a.rollout_length,
-        utd_ratio=a.utd_ratio,
-        batch_size=a.batch_size,
+        utd_ratio=a.offpolicy.utd_ratio,
+        batch_size=a.offpolicy.batch_size,
         demo_batch=demo_batch,
-        learning_starts=a.learning_starts,
+        learning_starts=a.offpolicy.learning_starts,
         gamma=a.gamma,
         reward_scale=a.reward_scale,
-        tau=a.tau,
-        num_min_q=a.num_min_q,
-        actor_q_reduce=a.actor_q_reduce,
-        learn_alpha=a.learn_alpha,
-        target_entropy=a.target_entropy_per_dim * env.action_size,
-        policy_delay=a.policy_delay,
+        tau=a.offpolicy.tau,
+        num_min_q=a.offpolicy.num_min_q,
+        actor_q_reduce=a.offpolicy.actor_q_reduce,
+        learn_alpha=a.offpolicy.learn_alpha,
+        target_entropy=a.offpolicy.target_entropy_per_dim * env.action_size,
+        policy_delay=a.offpolicy.policy_delay,
         normalize_observations=a.normalize_observations,
-        expectile=a.expectile,
-        awr_temperature=a.awr_temperature,
-        offline_iterations=a.offline_iterations,
+        expectile=a.offpolicy.expectile,
+        awr_temperature=a.offpolicy.awr_temperature,
+        offline_iterations=a.offpolicy.offline_iterations,
     )
 
 
@@ -105,12 +105,12 @@ def networks(cfg: Config, obs_size: int, act_size: int, seed: int):
     actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs,
                                   **compute)
     critic = QEnsemble(
-        obs_size, act_size, m.value_hidden_sizes, a.num_q, m.activation, a.critic_norm, a.renorm_momentum,
-        a.renorm_warmup, rngs=rngs, **compute,
+        obs_size, act_size, m.value_hidden_sizes, a.offpolicy.num_q, m.activation, a.offpolicy.critic_norm, a.offpolicy.renorm_momentum,
+        a.offpolicy.renorm_warmup, rngs=rngs, **compute,
     )
     value = (None, nnx.State({}))
     if a.name == "iql":
-        value = nnx.split(ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.critic_norm == "layer",
+        value = nnx.split(ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.offpolicy.critic_norm == "layer",
                                    rngs=rngs))
     return nnx.split(actor), nnx.split(critic, nnx.Param, nnx.BatchStat), value
 
@@ -150,16 +150,16 @@ def make_setup(cfg: Config) -> OffPolicySetup:
         cfg, obs_size, act_size, cfg.runner.seed)
     value_tx = optimizer(cfg.actor.optim.critic_lr, cfg) if a.name == "iql" else None
     s = settings(cfg, env)
-    buffer = ReplayBuffer(a.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.batch_size)
+    buffer = ReplayBuffer(a.offpolicy.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.offpolicy.batch_size)
     dataset = meta = None
     if a.name in ("rlpd", "iql"):
-        if not Path(a.demo_path).exists():
-            raise BadInput(f"algorithm.demo_path={a.demo_path} does not exist; make it with: {dataset_command(cfg)}")
-        dataset, meta = read_transitions(a.demo_path, obs_size, act_size)
+        if not Path(a.offpolicy.demo_path).exists():
+            raise BadInput(f"algorithm.offpolicy.demo_path={a.offpolicy.demo_path} does not exist; make it with: {dataset_command(cfg)}")
+        dataset, meta = read_transitions(a.offpolicy.demo_path, obs_size, act_size)
         if a.name == "iql" and dataset.size > buffer.capacity:
             raise BadInput(
-                f"algorithm.demo_path holds {dataset.size} transitions, more than algorithm.replay_size={a.replay_size} "
-                "keeps; iql loads the dataset into the replay buffer: raise algorithm.replay_size"
+                f"algorithm.offpolicy.demo_path holds {dataset.size} transitions, more than algorithm.offpolicy.replay_size={a.offpolicy.replay_size} "
+                "keeps; iql loads the dataset into the replay buffer: raise algorithm.offpolicy.replay_size"
             )
     if a.name == "iql":
         s = dataclasses.replace(s, preloaded=dataset.size // env.num_envs * env.num_envs)

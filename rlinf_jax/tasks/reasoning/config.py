@@ -17,7 +17,7 @@ ADVANTAGES = (*GROUP_OUTCOME_ADVANTAGES, *TOKEN_ADVANTAGES, "gae")
 
 def components(cfg: Config) -> tuple[str, ...]:
     """The device components of a reasoning run (the reward runs on the host)."""
-    return ("rollout", "reference", "actor") if cfg.algorithm.kl_coef > 0 else ("rollout", "actor")
+    return ("rollout", "reference", "actor") if cfg.algorithm.lm.kl_coef > 0 else ("rollout", "actor")
 
 
 def placement(cfg: Config, num_devices: int) -> Placement:
@@ -39,9 +39,9 @@ def check_algorithm(cfg: Config) -> None:
     a = cfg.algorithm
     get_advantage(a.adv_type)
     get_policy_loss(a.loss_type)
-    get_aggregation(a.loss_agg)
-    if a.kl_coef > 0:
-        get_kl(a.kl_type)
+    get_aggregation(a.lm.loss_agg)
+    if a.lm.kl_coef > 0:
+        get_kl(a.lm.kl_type)
     if a.adv_type not in ADVANTAGES:
         raise BadInput(
             f"algorithm.adv_type={a.adv_type!r} is registered but the reasoning flow does not know its inputs; "
@@ -49,9 +49,9 @@ def check_algorithm(cfg: Config) -> None:
         )
     if a.loss_type not in POLICY_LOSSES:
         raise BadInput(f"algorithm.loss_type={a.loss_type!r}: the reasoning flow runs {', '.join(POLICY_LOSSES)}")
-    if a.group_size < 2 and a.adv_type in GROUP_ADVANTAGES:
+    if a.lm.group_size < 2 and a.adv_type in GROUP_ADVANTAGES:
         raise BadInput(
-            f"algorithm.adv_type={a.adv_type} compares the responses to one prompt and needs algorithm.group_size >= 2"
+            f"algorithm.adv_type={a.adv_type} compares the responses to one prompt and needs algorithm.lm.group_size >= 2"
         )
     if cfg.agent.enabled:
         cfg.agent.validate()
@@ -60,11 +60,11 @@ def check_algorithm(cfg: Config) -> None:
                 f"agent.enabled runs multi-turn GRPO (grpo_dynamic, agent.advantage_mode); set algorithm.adv_type=grpo, "
                 f"not {a.adv_type}"
             )
-        if a.dynamic_sampling or a.kl_in_reward:
-            raise BadInput("agent.enabled does not run algorithm.dynamic_sampling or algorithm.kl_in_reward; set them false")
-    if a.dynamic_sampling and a.adv_type not in GROUP_ADVANTAGES:
+        if a.lm.dynamic_sampling or a.lm.kl_in_reward:
+            raise BadInput("agent.enabled does not run algorithm.lm.dynamic_sampling or algorithm.lm.kl_in_reward; set them false")
+    if a.lm.dynamic_sampling and a.adv_type not in GROUP_ADVANTAGES:
         raise BadInput(
-            "algorithm.dynamic_sampling keeps prompt groups whose rewards differ, which only matters to group "
+            "algorithm.lm.dynamic_sampling keeps prompt groups whose rewards differ, which only matters to group "
             f"advantages ({', '.join(GROUP_ADVANTAGES)}), not adv_type={a.adv_type}"
         )
 
@@ -74,12 +74,10 @@ READS = {
     "actor.optim.critic_lr", "sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.train_levels", "agent.*",
 } | {
     f"algorithm.{k}" for k in ("name", "adv_type", "loss_type", "update_epochs", "gamma", "gae_lambda",
-                               "entropy_coef", "value_coef", "normalize_advantages", "group_size", "clip_low",
-                               "clip_high", "dual_clip", "loss_agg", "kl_coef", "kl_type", "kl_in_reward",
-                               "dynamic_sampling", "max_resample", "value_clip")
+                               "entropy_coef", "value_coef", "normalize_advantages", "lm.*")
 }
 HINTS = {
-    "algorithm.clip_eps": "a reasoning run clips with algorithm.clip_low and algorithm.clip_high",
+    "algorithm.clip_eps": "a reasoning run clips with algorithm.lm.clip_low and algorithm.lm.clip_high",
     "algorithm.rollout_length": "responses are rollout.max_new_tokens long at most",
     "algorithm.num_minibatches": "mini-batches are actor.global_batch_size responses",
     "algorithm.reward_scale": "rewards are reward.correct_reward / wrong_reward",
@@ -95,10 +93,10 @@ def check(cfg: Config) -> None:
     sft.check_lm(cfg)
     check_algorithm(cfg)
     d, a, actor = cfg.data, cfg.algorithm, cfg.actor
-    samples = d.rollout_batch_size * a.group_size
+    samples = d.rollout_batch_size * a.lm.group_size
     if samples % actor.global_batch_size:
         raise BadInput(
-            f"data.rollout_batch_size * algorithm.group_size = {d.rollout_batch_size} * {a.group_size} = {samples} "
+            f"data.rollout_batch_size * algorithm.lm.group_size = {d.rollout_batch_size} * {a.lm.group_size} = {samples} "
             f"responses is not divisible by actor.global_batch_size={actor.global_batch_size}; each optimiser step "
             "takes a mini-batch of global_batch_size responses"
         )

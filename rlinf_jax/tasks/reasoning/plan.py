@@ -72,7 +72,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     n_params = param_count(policy)
     flop_params = matmul_params(config, n_params)
 
-    prompts, group = cfg.data.rollout_batch_size, a.group_size
+    prompts, group = cfg.data.rollout_batch_size, a.lm.group_size
     samples = prompts * group
     P = bucket_length(cfg.data.max_prompt_length, 8)
     N = ro.max_new_tokens
@@ -130,7 +130,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
         "sampler_logp": _rows((samples, N), jnp.float32, actor, samples),
         "rewards": _rows((samples,), jnp.float32, actor, samples),
     }
-    if a.kl_coef > 0:
+    if a.lm.kl_coef > 0:
         batch["ref_logp"] = _rows((samples, N), jnp.float32, actor, samples)
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(actor))
     update = jax.jit(functools.partial(rl.update, u), donate_argnums=0)
@@ -151,7 +151,7 @@ def _programs(cfg: Config, devices) -> tuple[list[Program], list[Resident], list
     ]
 
     # ---------------------------------------------------------------- reference
-    if a.kl_coef > 0:
+    if a.lm.kl_coef > 0:
         ref_mesh = meshes["reference"]
         ref_params = laid_out(policy, param_shardings(policy, ref_mesh, rules))
         rows = {k: _rows(batch[k].shape, batch[k].dtype, ref_mesh, samples)
@@ -244,7 +244,7 @@ def remedies(cfg: Config) -> list[tuple[str, dict]]:
     it (the planner tries each one, and all together): a language model's remedies this
     config lacks, and one optimiser step an iteration."""
     out = lm_remedies(cfg)
-    samples = cfg.data.rollout_batch_size * cfg.algorithm.group_size
+    samples = cfg.data.rollout_batch_size * cfg.algorithm.lm.group_size
     if cfg.actor.global_batch_size < samples:
         out.insert(min(2, len(out)), ("one optimiser step an iteration (no shuffled mini-batches to carry)",
                                       {"actor.global_batch_size": samples}))

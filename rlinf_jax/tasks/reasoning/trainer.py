@@ -4,7 +4,7 @@ One iteration, on the components of ``cluster.component_placement``:
 
     data (host) -> rollout.generate (rollout mesh, group_size samples per prompt)
       -> reward (host, checker processes) -> [dynamic sampling: more groups until full]
-      -> reference log-probs (reference mesh, when algorithm.kl_coef > 0)
+      -> reference log-probs (reference mesh, when algorithm.lm.kl_coef > 0)
       -> advantages + PPO epochs over mini-batches of micro-batches (actor mesh)
       -> weight sync: actor parameters resharded onto the rollout's layout
 
@@ -82,7 +82,7 @@ class ReasoningTrainer(LMTrainer):
 
         lm = self.lm = make_lm_setup(cfg, self.meshes["rollout"], self.rules, len(devices))
         self.model_source, self.lm_config, self.tokenizer, self.lora = lm.model_source, lm.lm_config, lm.tokenizer, lm.lora
-        self.num_prompts, self.group = cfg.data.rollout_batch_size, a.group_size
+        self.num_prompts, self.group = cfg.data.rollout_batch_size, a.lm.group_size
         self.samples = self.samples_per_iteration = self.num_prompts * self.group
         self.loader = PromptLoader(lm.train_ds, self.num_prompts, cfg.data.seed, cfg.data.shuffle)
         params = dict(lm.params)
@@ -97,7 +97,7 @@ class ReasoningTrainer(LMTrainer):
         self._init_params = put(params, self.param_shardings)
         self.reference = None
         self.micro = cfg.actor.micro_batch_size
-        if a.kl_coef > 0:
+        if a.lm.kl_coef > 0:
             policy = params["policy"]
             self.reference = put(policy, param_shardings(policy, self.meshes["reference"], self.rules))
 
@@ -127,7 +127,7 @@ class ReasoningTrainer(LMTrainer):
         self.eval_sampling = lm.eval_sampling(cfg)
         self.collector = Collector(
             lm.sampler, lm.encoder, lm.tokenizer, lm.reward_fn, self.loader, self.sampling, self.num_prompts,
-            self.group, a.dynamic_sampling, a.max_resample,
+            self.group, a.lm.dynamic_sampling, a.lm.max_resample,
         )
         self.executor = None
         if cfg.agent.enabled:

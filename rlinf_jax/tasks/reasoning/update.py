@@ -1,7 +1,7 @@
 """The actor's half of a reasoning iteration as pure functions: old log-probs and values,
 advantages, and PPO-style epochs over mini-batches of micro-batches.
 
-A mini-batch's loss is the ``algorithm.loss_agg`` aggregate over all its tokens or
+A mini-batch's loss is the ``algorithm.lm.loss_agg`` aggregate over all its tokens or
 sequences: each micro-batch's aggregate is weighted by its share of the mini-batch's
 tokens (token-mean) or sequences (seq-*), so gradient accumulation gives the gradient of
 the whole mini-batch, whatever the micro-batch size. With one epoch and one mini-batch
@@ -91,7 +91,7 @@ class RLUpdate:
         mini, micro = cfg.actor.global_batch_size, cfg.actor.micro_batch_size
         n_mini = samples // mini
         t = cfg.rollout.temperature
-        g = a.group_size
+        g = a.lm.group_size
         # Multi-turn rows carry observations after the prompt, and shuffled mini-batches
         # break the groups apart: those run every row's prompt.
         shared = g > 1 and not cfg.agent.enabled and n_mini == 1 and micro % g == 0
@@ -140,29 +140,29 @@ def advantages(u: RLUpdate, params, batch: dict) -> dict:
         out["old_logp"] = jax.lax.stop_gradient(chunked(fn, batch, u.micro, u.chunk_layout))
     rewards = batch["rewards"]
     kl_tokens = None
-    if a.kl_coef > 0 and a.kl_in_reward:
+    if a.lm.kl_coef > 0 and a.lm.kl_in_reward:
         behaviour = out.get("old_logp", batch["sampler_logp"])
-        kl_tokens = jnp.where(m > 0, kl_penalty(behaviour, batch["ref_logp"], a.kl_type), 0.0)
+        kl_tokens = jnp.where(m > 0, kl_penalty(behaviour, batch["ref_logp"], a.lm.kl_type), 0.0)
     valid = m > 0
     if "turn_ids" in batch:
         # Multi-turn episodes: GRPO per episode or per turn, on the model's tokens only.
-        turn_adv = adv_lib.grpo_dynamic(batch["turn_rewards"], batch["turn_valid"], a.group_size, u.turn_mode)
+        turn_adv = adv_lib.grpo_dynamic(batch["turn_rewards"], batch["turn_valid"], a.lm.group_size, u.turn_mode)
         out["advantages"] = adv_lib.turn_token_advantages(turn_adv, batch["turn_ids"], m)
         return out
     last = (jnp.arange(m.shape[1])[None, :] == (jnp.sum(m, axis=1, dtype=jnp.int32) - 1)[:, None]) & valid
     if a.adv_type in GROUP_OUTCOME_ADVANTAGES:
-        seq_rewards = rewards if kl_tokens is None else rewards - a.kl_coef * jnp.sum(kl_tokens, axis=1)
-        adv = get_advantage(a.adv_type)(seq_rewards, a.group_size)
+        seq_rewards = rewards if kl_tokens is None else rewards - a.lm.kl_coef * jnp.sum(kl_tokens, axis=1)
+        adv = get_advantage(a.adv_type)(seq_rewards, a.lm.group_size)
         out["advantages"] = jnp.where(valid, adv[:, None], 0.0)
         return out
     outcome = jnp.where(last, rewards[:, None], 0.0)
-    penalty = None if kl_tokens is None else -a.kl_coef * kl_tokens
+    penalty = None if kl_tokens is None else -a.lm.kl_coef * kl_tokens
     token_rewards = outcome if penalty is None else outcome + penalty
     if a.adv_type == "reinforce_pp":
         out["advantages"] = adv_lib.reinforce_pp(token_rewards, m, a.gamma)
     elif a.adv_type == "reinforce_pp_baseline":
         # The baseline is the group mean of the outcomes alone; the KL penalty comes after it.
-        out["advantages"] = adv_lib.reinforce_pp_baseline(outcome, m, a.group_size, a.gamma, token_penalty=penalty)
+        out["advantages"] = adv_lib.reinforce_pp_baseline(outcome, m, a.lm.group_size, a.gamma, token_penalty=penalty)
     else:  # gae on the value model
         vm = nnx.merge(u.value_graphdef, params["value"])
         values = jax.lax.stop_gradient(chunked(lambda mb: values_of(vm, mb), batch, u.micro, u.chunk_layout))
@@ -181,7 +181,7 @@ def micro_loss(u: RLUpdate, params, mb: dict, totals: dict):
     """The micro-batch's share of its mini-batch's loss, and token-weighted metrics."""
     a = u.algorithm
     m = mb["response_mask"]
-    agg = a.loss_agg
+    agg = a.lm.loss_agg
     if agg == "token-mean":
         w = jnp.sum(m) / jnp.maximum(totals["tokens"], 1.0)
     elif agg == "seq-mean-token-mean":
@@ -194,14 +194,14 @@ def micro_loss(u: RLUpdate, params, mb: dict, totals: dict):
     logp, entropy = policy_logprobs(model, mb, u.temperature, u.prompt_group, u.logits_chunk)
     old = mb["old_logp"] if u.recompute_old else jax.lax.stop_gradient(logp)
     adv = mb["advantages"]
-    dual = a.dual_clip if a.dual_clip > 0 else None
+    dual = a.lm.dual_clip if a.lm.dual_clip > 0 else None
     if a.loss_type == "decoupled_ppo":
         pg, pgm = get_policy_loss(a.loss_type)(
-            logp, old, mb["sampler_logp"], adv, m, a.clip_low, a.clip_high, dual_clip=dual, agg=agg
+            logp, old, mb["sampler_logp"], adv, m, a.lm.clip_low, a.lm.clip_high, dual_clip=dual, agg=agg
         )
     else:
         kw = {"dual_clip": dual} if a.loss_type == "ppo" or dual is not None else {}
-        pg, pgm = get_policy_loss(a.loss_type)(logp, old, adv, m, a.clip_low, a.clip_high, agg=agg, **kw)
+        pg, pgm = get_policy_loss(a.loss_type)(logp, old, adv, m, a.lm.clip_low, a.lm.clip_high, agg=agg, **kw)
     loss = pg * w
     ent = aggregate(entropy, m)
     metrics = {
@@ -212,15 +212,15 @@ def micro_loss(u: RLUpdate, params, mb: dict, totals: dict):
     }
     if a.entropy_coef:
         loss = loss - a.entropy_coef * aggregate(entropy, m, agg) * w
-    if a.kl_coef > 0:
-        kl = kl_penalty(logp, mb["ref_logp"], a.kl_type)
+    if a.lm.kl_coef > 0:
+        kl = kl_penalty(logp, mb["ref_logp"], a.lm.kl_type)
         metrics["train/kl"] = aggregate(kl, m) * share
-        if not a.kl_in_reward:
-            loss = loss + a.kl_coef * aggregate(kl, m, agg) * w
+        if not a.lm.kl_in_reward:
+            loss = loss + a.lm.kl_coef * aggregate(kl, m, agg) * w
     if u.value_graphdef is not None:
         vm = nnx.merge(u.value_graphdef, params["value"])
         v = values_of(vm, mb)
-        vl = value_loss(v, mb["old_values"], mb["returns"], m, a.value_clip or None, agg=agg)
+        vl = value_loss(v, mb["old_values"], mb["returns"], m, a.lm.value_clip or None, agg=agg)
         loss = loss + a.value_coef * vl * w
         metrics["train/value_loss"] = vl * w
         metrics["train/value_mean"] = aggregate(v, m) * share
