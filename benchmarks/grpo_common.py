@@ -29,15 +29,19 @@ def single_thread_env() -> dict:
 # ----------------------------------------------------------------------------- shared inputs
 
 
-def char_tokenizer_json(out_dir: Path) -> None:
+def char_tokenizer_json(out_dir: Path, vocab_size: int = 0) -> None:
     """A ``tokenizer.json`` whose ids are our CharTokenizer's: one token per character,
-    specials 0-3 (pad, bos, eos, unk), nothing added automatically."""
+    specials 0-3 (pad, bos, eos, unk), nothing added automatically. ``vocab_size`` larger
+    than the characters' pads the vocabulary with tokens ``<t{id}>`` that no text encodes
+    to but that decode, so a model of a real vocabulary's size (0.5B: 151,936) can sample
+    any of its ids."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from rlinf_jax.data import CharTokenizer
 
     vocab = CharTokenizer().get_vocab()
+    vocab.update({f"<t{i}>": i for i in range(len(vocab), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -48,9 +52,14 @@ def char_tokenizer_json(out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def make_checkpoint(work: Path, warm_start_steps: int) -> Path:
-    """The tiny model of ``grpo_math`` as a HF directory (safetensors + config + tokenizer):
-    randomly initialised, or after ``warm_start_steps`` SFT steps of our trainer."""
+def make_checkpoint(work: Path, warm_start_steps: int, size: str = "tiny") -> Path:
+    """The model both sides start from, as a HF directory (safetensors + config +
+    tokenizer). ``tiny``: ``grpo_math``'s model, randomly initialised or after
+    ``warm_start_steps`` SFT steps of our trainer; ``0.5b``: a random Qwen2 of
+    Qwen2.5-0.5B's shapes (``lm_sizes``) over the character tokenizer padded to its
+    vocabulary."""
+    if size != "tiny":
+        return _sized_checkpoint(work, size)
     from rlinf_jax.config import load_config
     from rlinf_jax.policies.lm import save_pretrained
     from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
@@ -73,6 +82,24 @@ def make_checkpoint(work: Path, warm_start_steps: int) -> Path:
         model = CausalLM(lm_config_from(cfg.actor.model), rngs=nnx.Rngs(0))
     save_pretrained(model, model_dir)
     char_tokenizer_json(model_dir)
+    return model_dir
+
+
+def _sized_checkpoint(work: Path, size: str) -> Path:
+    from lm_sizes import SCALES, SIZES
+
+    from rlinf_jax.data import CharTokenizer
+    from rlinf_jax.policies.lm.tiny import tiny_hf_model
+
+    chars = CharTokenizer()
+    hf = tiny_hf_model("qwen2", seed=0, scale=SCALES[size], attn_implementation="sdpa", **SIZES[size])
+    # Sampling ends at the end token, as grpo_math's model does; the ids are the tokenizer's.
+    for config in (hf.config, hf.generation_config):
+        config.eos_token_id, config.bos_token_id, config.pad_token_id = chars.eos_id, chars.bos_id, chars.pad_id
+    hf.generation_config.do_sample = True
+    model_dir = work / "model"
+    hf.save_pretrained(str(model_dir))
+    char_tokenizer_json(model_dir, SIZES[size]["vocab_size"])
     return model_dir
 
 
@@ -105,14 +132,14 @@ def run_ours(args) -> dict:
         f"runner.output_dir={Path(args.work) / 'ours'}", "runner.compilation_cache=''",
         "sft.warm_start_steps=0", f"actor.model.path={args.model}", f"data.tokenizer={args.model}",
         "data.source=files", f"data.train_path={args.prompts}", "data.template=plain",
-        f"data.rollout_batch_size={args.prompts_per_step}", f"algorithm.group_size={args.generations}",
+        f"data.rollout_batch_size={args.prompts_per_step}", f"algorithm.lm.group_size={args.generations}",
         f"rollout.max_new_tokens={args.new_tokens}", "rollout.temperature=1.0",
         f"actor.global_batch_size={args.prompts_per_step * args.generations}",
         f"actor.micro_batch_size={args.prompts_per_step * args.generations}",
-        f"actor.optim.lr={args.lr}", "actor.optim.lr_schedule=constant", "algorithm.clip_low=0.2",
-        "algorithm.clip_high=0.2", "algorithm.kl_coef=0.0",
-        "algorithm.loss_agg=token-mean", "algorithm.update_epochs=1", "reward.num_workers=0",
-        "cluster.num_devices=1",
+        f"actor.optim.lr={args.lr}", "actor.optim.lr_schedule=constant", "algorithm.lm.clip_low=0.2",
+        "algorithm.lm.clip_high=0.2", "algorithm.lm.kl_coef=0.0",
+        "algorithm.lm.loss_agg=token-mean", "algorithm.update_epochs=1", "reward.num_workers=0",
+        "cluster.num_devices=1", f"actor.model.matmul={args.matmul}",
     ])
     trainer = ReasoningTrainer(cfg)
     ts = trainer.init()
@@ -123,14 +150,17 @@ def run_ours(args) -> dict:
         times.append(time.perf_counter() - t0)
         rewards.append(metrics["rollout/reward_mean"])
         lengths.append(metrics["rollout/response_length"])
-    parts = _step_flops(trainer, ts, args.steps)
-    trainer.close()
-    import roofline
+    out = {"step_sec": times, "reward": rewards, "response_length": lengths}
+    # FLOPs are counted on the jaxpr's dots, which MKL's custom call hides: counted with
+    # XLA's products only (the same arithmetic: run --matmul xla for the figure).
+    if args.matmul == "xla":
+        import roofline
 
-    return {"step_sec": times, "reward": rewards, "response_length": lengths,
-            "flops_per_step": sum(p["flops"] for p in parts.values()),
-            "flops_by_part": parts,
-            "peak_flops_per_s": roofline.peak_flops_per_s(args.peak_gflops)}  # this process's: one core
+        parts = _step_flops(trainer, ts, args.steps)
+        out.update({"flops_per_step": sum(p["flops"] for p in parts.values()), "flops_by_part": parts,
+                    "peak_flops_per_s": roofline.peak_flops_per_s(args.peak_gflops)})  # this process's: one core
+    trainer.close()
+    return out
 
 
 def _step_flops(trainer, ts, step: int) -> dict:
@@ -181,7 +211,7 @@ def summarise(results: dict, args, peer: str) -> dict:
     summary["settings"] = {
         "prompts": args.prompts_per_step, "generations": args.generations, "new_tokens": args.new_tokens,
         "lr": args.lr, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-        "warm_start_steps": args.warm_start_steps, "threads": 1,
+        "warm_start_steps": args.warm_start_steps, "threads": 1, "size": args.size, "matmul": args.matmul,
     }
     summary["ratio"] = summary[peer]["sec_per_step"] / summary["ours"]["sec_per_step"]
     # Our FLOP/s: one step's FLOPs (an extra step's: a step's response lengths, and so its
@@ -189,7 +219,9 @@ def summarise(results: dict, args, peer: str) -> dict:
     import roofline
 
     ours = results["ours"][0]
-    if ours.get("flops_per_step"):
+    if not ours.get("flops_per_step"):
+        print("FLOP/s not reported: MKL's custom call hides its products from the count (--matmul xla counts them)")
+    else:
         peak = ours["peak_flops_per_s"]
         r = roofline.rate(ours["flops_per_step"], summary["ours"]["sec_per_step"], peak)
         print(roofline.line("ours FLOP/s", r, peak))
@@ -205,6 +237,12 @@ def summarise(results: dict, args, peer: str) -> dict:
 # ----------------------------------------------------------------------------- the command line
 
 
+def check_arguments(p, args) -> None:
+    """Settings that cannot go together: one ``error:`` line from argparse (exit 2)."""
+    if args.size != "tiny" and args.warm_start_steps:
+        p.error("--warm-start-steps trains grpo_math's tiny model; leave it at 0 with --size " + args.size)
+
+
 def add_arguments(p) -> None:
     """The settings both sides share, and the hidden ones a child side is started with."""
     p.add_argument("--steps", type=int, default=12)
@@ -216,6 +254,10 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--warm-start-steps", type=int, default=0,
                    help="SFT steps before the comparison (0: the random model, which uses all --new-tokens)")
+    p.add_argument("--size", choices=("tiny", "0.5b"), default="tiny",
+                   help="tiny: grpo_math's ~2.9M-parameter model; 0.5b: Qwen2.5-0.5B's shapes, random weights")
+    p.add_argument("--matmul", choices=("xla", "mkl"), default="xla",
+                   help="our side's products: XLA's dot or Intel MKL (actor.model.matmul)")
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--prompts", help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
@@ -227,6 +269,7 @@ def child_arguments(side: str, args, model: Path, prompts: Path, work: Path) -> 
     return ["--side", side, "--model", str(model), "--prompts", str(prompts), "--work", str(work),
             "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
             "--generations", str(args.generations), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
+            "--size", args.size, "--matmul", args.matmul,
             *(["--peak-gflops", str(args.peak_gflops)] if args.peak_gflops else [])]
 
 

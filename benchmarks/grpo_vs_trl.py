@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
+from grpo_common import add_arguments, check_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
 from recorded import warn_regressions
 
 
@@ -102,7 +102,11 @@ def run_trl(args) -> dict:
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"step_sec": times, "reward": rewards, "response_length": lengths}
+    import transformers
+    import trl
+
+    versions = f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}"
+    return {"step_sec": times, "reward": rewards, "response_length": lengths, "versions": versions}
 
 
 def child(args) -> None:
@@ -117,16 +121,21 @@ def main() -> None:
     add_arguments(p)
     p.add_argument("--side", choices=("trl", "ours"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    check_arguments(p, args)
     if args.side:
         child(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print(f"warm start: {args.warm_start_steps} SFT steps ...", flush=True)
-        model = make_checkpoint(work, args.warm_start_steps)
+        model = make_checkpoint(work, args.warm_start_steps, args.size)
         prompts = make_prompts(work, 512)
         results = run_rounds({"ours": sys.executable, "trl": sys.executable}, args, model, prompts, work, __file__)
+    versions = results["trl"][0].get("versions", "")
     summary = summarise(results, args, "trl")
+    # TRL as its users run it on a CPU: GRPOTrainer's defaults for generation (transformers'
+    # generate, its dynamic cache, eager) and training (no torch.compile), float32.
+    summary["peer"] = f"{versions}: GRPOTrainer, generate with its defaults (dynamic cache, eager), no torch.compile, float32"
     warn_regressions("grpo_vs_trl", summary)
     print(json.dumps(summary))
 

@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpo_common import add_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
+from grpo_common import add_arguments, check_arguments, make_checkpoint, make_prompts, pin_one_cpu, run_ours, run_rounds, summarise
 from recorded import warn_regressions
 
 TUNIX_VERSION = "0.1.7"
@@ -54,6 +54,14 @@ REPO = Path(__file__).resolve().parent.parent
 # Token ids both sides run through their model before training (digits, operators, letters of
 # the character vocabulary), to show they loaded the same weights.
 PROBE_IDS = list(range(4, 36))
+# The logits both sides report for them: every column of a small vocabulary, every
+# (vocab // PROBE_COLUMNS)-th of a large one (0.5B: 151,936 columns, ~4,000 kept), so the
+# check spans the whole head without shipping ~5M numbers between processes.
+PROBE_COLUMNS = 4096
+
+
+def probe_columns(logits):
+    return logits[:, :: max(1, logits.shape[-1] // PROBE_COLUMNS)]
 
 
 # ----------------------------------------------------------------------------- Tunix's environment
@@ -179,7 +187,7 @@ def run_tunix(args) -> dict:
     learner._run_global_step = timed_step
     learner.train(batches)
     return {"step_sec": times, "reward": rewards, "response_length": lengths, "jax": jax.__version__,
-            "probe_logits": np.asarray(probe_logits[0]).tolist()}
+            "probe_logits": probe_columns(np.asarray(probe_logits[0])).tolist()}
 
 
 def probe_ours(args) -> list:
@@ -188,7 +196,7 @@ def probe_ours(args) -> list:
 
     from rlinf_jax.policies.lm import from_pretrained
 
-    return np.asarray(from_pretrained(args.model)(np.asarray([PROBE_IDS]))[0]).tolist()
+    return probe_columns(np.asarray(from_pretrained(args.model)(np.asarray([PROBE_IDS]))[0])).tolist()
 
 
 # ----------------------------------------------------------------------------- driver
@@ -212,6 +220,7 @@ def main() -> None:
                    help="interpreter of an environment with google-tunix (default: build one under ~/.cache)")
     p.add_argument("--side", choices=("tunix", "ours"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    check_arguments(p, args)
     if args.side:
         child(args)
         return
@@ -219,7 +228,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print(f"warm start: {args.warm_start_steps} SFT steps ...", flush=True)
-        model = make_checkpoint(work, args.warm_start_steps)
+        model = make_checkpoint(work, args.warm_start_steps, args.size)
         prompts = make_prompts(work, max(512, args.prompts_per_step * args.steps))
         results = run_rounds({"ours": sys.executable, "tunix": python}, args, model, prompts, work, __file__)
     # Both sides run the same weights: their logits of one token sequence before training.

@@ -98,34 +98,10 @@ from rlinf_jax.rollout.sampler import Sampler, SamplingParams
 import roofline  # noqa: E402
 from recorded import warn_regressions  # noqa: E402
 from side_process import running_sides, serve, timed_in_turns  # noqa: E402
+from lm_sizes import SCALES, SIZES  # noqa: E402
 
-SIZES = {
-    "tiny": {
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 512,
-        "vocab_size": 2048,
-        "tie_word_embeddings": True,
-    },
-    # Qwen2.5-0.5B's published configuration (config.json), shapes only.
-    "0.5b": {
-        "hidden_size": 896,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "intermediate_size": 4864,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-    },
-}
 MODEL = SIZES["tiny"]  # the tiny model, as multiturn_rollout.py and dot_gap.py build it
-# Weight scale of the random init: larger models need smaller weights to keep activations
-# (and the greedy comparison) finite in float32.
-SCALES = {"tiny": 0.1, "0.5b": 0.02}
+
 HF_MODES = ("eager", "static", "compiled")
 
 
