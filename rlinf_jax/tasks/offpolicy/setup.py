@@ -34,15 +34,15 @@ def dataset_command(cfg: Config) -> str:
     of the run's env trained (unless its run folder already holds it), then its
     transitions collected; for IQL's offline data, half the envs act at random (a known mix
     of good and bad episodes)."""
-    a, env = cfg.algorithm, cfg.env
+    a, o, env = cfg.algorithm, cfg.algorithm.offpolicy, cfg.env
     if env.suite == "brax":
         expert = "ppo_brax" + ("" if env.name == "inverted_pendulum" else f" env.name={env.name}")
     else:
         expert = f"RECIPE (a PPO recipe of {env.suite}/{env.name})"
     offline = a.name == "iql"  # its replay buffer holds the dataset
-    transitions = min(50_000, a.offpolicy.replay_size) if offline else 20_000
+    transitions = min(50_000, o.replay_size) if offline else 20_000
     mix = " --random-fraction 0.5" if offline else ""
-    return f"python -m rlinf_jax.collect --expert {expert} --transitions {transitions}{mix} --out {a.offpolicy.demo_path}"
+    return f"python -m rlinf_jax.collect --expert {expert} --transitions {transitions}{mix} --out {o.demo_path}"
 
 
 @dataclass
@@ -61,33 +61,33 @@ class OffPolicySetup:
 
 
 def settings(cfg: Config, env: Env) -> Settings:
-    a = cfg.algorithm
-    demo_batch = round(a.offpolicy.batch_size * a.offpolicy.demo_ratio) if a.name == "rlpd" else 0
-    if a.name == "rlpd" and not 0 < demo_batch < a.offpolicy.batch_size:
+    a, o = cfg.algorithm, cfg.algorithm.offpolicy
+    demo_batch = round(o.batch_size * o.demo_ratio) if a.name == "rlpd" else 0
+    if a.name == "rlpd" and not 0 < demo_batch < o.batch_size:
         raise BadInput(
-            f"algorithm.offpolicy.demo_ratio={a.offpolicy.demo_ratio} of algorithm.offpolicy.batch_size={a.offpolicy.batch_size} leaves no room for online or "
-            "demonstration transitions; pick a ratio that splits the batch"
+            f"algorithm.offpolicy.demo_ratio={o.demo_ratio} of algorithm.offpolicy.batch_size={o.batch_size} leaves no "
+            "room for online or demonstration transitions; pick a ratio that splits the batch"
         )
     return Settings(
         algorithm=a.name,
         num_envs=env.num_envs,
         rollout_length=a.rollout_length,
-        utd_ratio=a.offpolicy.utd_ratio,
-        batch_size=a.offpolicy.batch_size,
+        utd_ratio=o.utd_ratio,
+        batch_size=o.batch_size,
         demo_batch=demo_batch,
-        learning_starts=a.offpolicy.learning_starts,
+        learning_starts=o.learning_starts,
         gamma=a.gamma,
         reward_scale=a.reward_scale,
-        tau=a.offpolicy.tau,
-        num_min_q=a.offpolicy.num_min_q,
-        actor_q_reduce=a.offpolicy.actor_q_reduce,
-        learn_alpha=a.offpolicy.learn_alpha,
-        target_entropy=a.offpolicy.target_entropy_per_dim * env.action_size,
-        policy_delay=a.offpolicy.policy_delay,
+        tau=o.tau,
+        num_min_q=o.num_min_q,
+        actor_q_reduce=o.actor_q_reduce,
+        learn_alpha=o.learn_alpha,
+        target_entropy=o.target_entropy_per_dim * env.action_size,
+        policy_delay=o.policy_delay,
         normalize_observations=a.normalize_observations,
-        expectile=a.offpolicy.expectile,
-        awr_temperature=a.offpolicy.awr_temperature,
-        offline_iterations=a.offpolicy.offline_iterations,
+        expectile=o.expectile,
+        awr_temperature=o.awr_temperature,
+        offline_iterations=o.offline_iterations,
     )
 
 
@@ -99,18 +99,18 @@ def optimizer(lr: float, cfg: Config) -> optax.GradientTransformation:
 def networks(cfg: Config, obs_size: int, act_size: int, seed: int):
     """Fresh networks seeded with ``seed``: ``(actor graph, params)``, ``(critic graph,
     params, batch statistics)`` and ``(V graph, params)`` (iql's; ``(None, empty)`` else)."""
-    a, m = cfg.algorithm, cfg.actor.model
+    a, o, m = cfg.algorithm, cfg.algorithm.offpolicy, cfg.actor.model
     compute = {"dtype": jnp.dtype(m.compute_dtype), "matmul": m.matmul}
     rngs = nnx.Rngs(seed)
     actor = SquashedGaussianActor(obs_size, act_size, m.policy_hidden_sizes, m.activation, m.min_std, rngs=rngs,
                                   **compute)
     critic = QEnsemble(
-        obs_size, act_size, m.value_hidden_sizes, a.offpolicy.num_q, m.activation, a.offpolicy.critic_norm, a.offpolicy.renorm_momentum,
-        a.offpolicy.renorm_warmup, rngs=rngs, **compute,
+        obs_size, act_size, m.value_hidden_sizes, o.num_q, m.activation, o.critic_norm, o.renorm_momentum,
+        o.renorm_warmup, rngs=rngs, **compute,
     )
     value = (None, nnx.State({}))
     if a.name == "iql":
-        value = nnx.split(ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=a.offpolicy.critic_norm == "layer",
+        value = nnx.split(ValueMLP(obs_size, m.value_hidden_sizes, m.activation, layer_norm=o.critic_norm == "layer",
                                    rngs=rngs))
     return nnx.split(actor), nnx.split(critic, nnx.Param, nnx.BatchStat), value
 
@@ -143,22 +143,22 @@ def make_setup(cfg: Config) -> OffPolicySetup:
         if not isinstance(env.unwrapped, SimAdapter) and jax.tree.structure(
                 jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs).num_leaves != 1:
             raise BadInput(f"env {cfg.env.name} has structured observations; the off-policy family needs flat vectors")
-    a, m = cfg.algorithm, cfg.actor.model
+    a, o, m = cfg.algorithm, cfg.algorithm.offpolicy, cfg.actor.model
     obs_size, act_size = env.observation_size, env.action_size
     kernels.check_backend(m.matmul, m.compute_dtype, resolve_num_devices(cfg.cluster.num_devices))
     (actor_graph, actor_params), (critic_graph, critic_params, critic_stats), (value_graph, value_params) = networks(
         cfg, obs_size, act_size, cfg.runner.seed)
     value_tx = optimizer(cfg.actor.optim.critic_lr, cfg) if a.name == "iql" else None
     s = settings(cfg, env)
-    buffer = ReplayBuffer(a.offpolicy.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else a.offpolicy.batch_size)
+    buffer = ReplayBuffer(o.replay_size, env.num_envs, s.online_batch if a.name == "rlpd" else o.batch_size)
     dataset = meta = None
     if a.name in ("rlpd", "iql"):
-        if not Path(a.offpolicy.demo_path).exists():
-            raise BadInput(f"algorithm.offpolicy.demo_path={a.offpolicy.demo_path} does not exist; make it with: {dataset_command(cfg)}")
-        dataset, meta = read_transitions(a.offpolicy.demo_path, obs_size, act_size)
+        if not Path(o.demo_path).exists():
+            raise BadInput(f"algorithm.offpolicy.demo_path={o.demo_path} does not exist; make it with: {dataset_command(cfg)}")
+        dataset, meta = read_transitions(o.demo_path, obs_size, act_size)
         if a.name == "iql" and dataset.size > buffer.capacity:
             raise BadInput(
-                f"algorithm.offpolicy.demo_path holds {dataset.size} transitions, more than algorithm.offpolicy.replay_size={a.offpolicy.replay_size} "
+                f"algorithm.offpolicy.demo_path holds {dataset.size} transitions, more than algorithm.offpolicy.replay_size={o.replay_size} "
                 "keeps; iql loads the dataset into the replay buffer: raise algorithm.offpolicy.replay_size"
             )
     if a.name == "iql":
