@@ -63,7 +63,7 @@ def make_checkpoint(work: Path, warm_start_steps: int, size: str = "tiny") -> Pa
     from rlinf_jax.config import load_config
     from rlinf_jax.policies.lm import save_pretrained
     from rlinf_jax.tasks.sft.lm_model import load_checkpoint_policy
-    from rlinf_jax.tasks.sft.run import run
+    from rlinf_jax.tasks.sft.run import run_lm
 
     model_dir = work / "model"
     cfg = load_config("sft_math", [f"runner.output_dir={work}", "runner.experiment_name=sft",
@@ -71,7 +71,7 @@ def make_checkpoint(work: Path, warm_start_steps: int, size: str = "tiny") -> Pa
                                    "runner.save_interval=0", "runner.progress_bar=false", "runner.tensorboard=false",
                                    "runner.compilation_cache=''"])
     if warm_start_steps > 0:
-        run(cfg)
+        run_lm(cfg)
         model, _ = load_checkpoint_policy(work / "sft")
     else:
         from flax import nnx
