@@ -27,6 +27,14 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"rlinf_jax_test_cache_{os.getuid()}")
 )
 
+# Every test process compiles with LLVM's optimisation off: the suite compiles thousands of
+# small programs and runs each for a few steps, so the backend's optimisation is most of a
+# compile and buys nothing back. XLA's own (HLO) passes still run, and every comparison in
+# the suite is between programs compiled alike. Tests of the flags themselves set XLA_FLAGS.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
 # No test steps an env through MJX's Warp backend: every test process (workers and the
 # children of the devices marker) imports MJX without it, seconds sooner (envs/mjx_import.py).
 import_mjx(warp=False)
@@ -88,12 +96,12 @@ def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: in
 def clean_env(**extra) -> dict:
     """This process's environment without the settings that pick devices or a Ray cluster."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS", CHILD_DEVICES)}
-    return {**env, **extra}
+    return {**env, "XLA_FLAGS": TEST_XLA_FLAGS, **extra}
 
 
 def forced_devices_env(n: int, **extra) -> dict:
     """The environment of a process whose JAX sees ``n`` CPU devices."""
-    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu", **extra)
+    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n} {TEST_XLA_FLAGS}", JAX_PLATFORMS="cpu", **extra)
 
 
 def pytest_configure(config):

@@ -90,9 +90,10 @@ def test_cached_prefill_and_decode_equal_full_forward(tied):
     last, short = model.hidden_states(ids[:, :P_len], mask, cache=model.init_cache(B, S), cache_index=0,
                                       output_cols=(P_len - 1, 1))
     np.testing.assert_allclose(np.asarray(model.logits(last))[:, 0], full[:, P_len - 1], atol=2e-5)
+    # Two programs compiled apart may sum in another order: a few ulps of slack.
     _, filled = step(model, ids[:, :P_len], model.init_cache(B, S), 0)
     for a, b in zip(jax.tree.leaves(short), jax.tree.leaves(filled)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=3e-6)
 
 
 def test_hidden_states_feed_logits_and_positions_follow_mask():
