@@ -3,13 +3,10 @@ its doc names. The full-scale figures come from the benchmark beside each claim:
 
 - off-policy sample efficiency (docs/offpolicy.md): CrossQ against SAC on the same env
   steps and gradient steps (`benchmarks/offpolicy_sample_efficiency.py`);
-- reasoning (docs/reasoning.md) and the calculator agent (docs/agentic.md): RL after a
-  warm start against spending the RL's compute on more SFT instead
-  (`benchmarks/rl_vs_sft.py`).
-
-A control here gets at most the compute its RL run spent (never more), so where the
-control wins, the compute-matched control of the benchmark wins by at least as much.
-"""
+- reasoning (docs/reasoning.md): GRPO after a warm start against spending its compute on
+  more SFT instead (`benchmarks/rl_vs_sft.py`). The control here gets less compute than
+  the GRPO run spent, never more, so where it wins, the benchmark's compute-matched
+  control wins by at least as much."""
 
 from __future__ import annotations
 
