@@ -27,7 +27,8 @@ compute-matched control. The last line of stdout is one JSON object with all of 
     python benchmarks/rl_vs_sft.py --recipe ppo_vla_tabletop --seeds 0
     python benchmarks/rl_vs_sft.py --recipe grpo_tool_calc --seeds 0 1 2
 
-Overrides after the options go to every run (e.g. smaller models for a quick look).
+Overrides (``key=value``) go to every run, e.g. smaller models for a quick look; put them
+after ``--`` when they follow ``--seeds``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import time
 from pathlib import Path
 
 from rlinf_jax.config import load_config
+from rlinf_jax.errors import BadInput
 from rlinf_jax.runtime import read_metrics
 
 # Per recipe: the score read from each evaluation, scores printed beside it, and the
@@ -60,6 +62,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def fail(msg: str, code: int = 2):
+    """One ``error:`` line and the exit status: 2 for bad input, 1 for a run that failed."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
 def train(recipe: str, out: Path, name: str, overrides: list[str]) -> tuple[float, list[dict]]:
     """One ``python -m rlinf_jax.train`` run in a process of its own: (wall seconds, its
     metrics records)."""
@@ -70,7 +78,7 @@ def train(recipe: str, out: Path, name: str, overrides: list[str]) -> tuple[floa
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd[1:])} exited {done.returncode}:\n{done.stderr[-2000:]}")
+        fail(f"{' '.join(cmd[1:])} exited {done.returncode}:\n{done.stderr[-2000:]}", code=1)
     return wall, read_metrics(out / name)
 
 
@@ -79,7 +87,9 @@ def evaluations(records: list[dict], metric: str) -> list[tuple[int, float]]:
 
 
 def step0(records: list[dict], keys: list[str]) -> dict:
-    first = next(r for r in records if r["step"] == 0 and keys[0] in r)
+    first = next((r for r in records if r["step"] == 0 and keys[0] in r), None)
+    if first is None:
+        fail(f"the run logged no {keys[0]} at step 0; keep the recipe's evaluation at step 0")
     return {k: round(float(first[k]), 4) for k in keys if k in first}
 
 
@@ -87,9 +97,12 @@ def one_seed(args, seed: int, out: Path) -> dict:
     spec = RECIPES[args.recipe]
     keys = [spec["metric"], *spec["also"]]
     common = [f"runner.seed={seed}", *args.overrides]
-    w = load_config(args.recipe, common).sft.warm_start_steps
+    try:
+        w = load_config(args.recipe, common).sft.warm_start_steps
+    except BadInput as e:
+        fail(str(e))
     if w <= 0:
-        raise SystemExit(f"error: {args.recipe} with these overrides has no warm start (sft.warm_start_steps={w})")
+        fail(f"{args.recipe} with these overrides has no warm start (sft.warm_start_steps={w})")
     t_rl, rl = train(args.recipe, out, f"rl_s{seed}", common)
     curve = evaluations(rl, spec["metric"])
     log(f"[seed {seed}] recipe: {t_rl:.0f} s, {spec['metric']} {[(s, round(v, 3)) for s, v in curve]}")
@@ -106,7 +119,7 @@ def one_seed(args, seed: int, out: Path) -> dict:
     t_kw, at_kw = control(k * w)
     per_step = (t_kw - t_w) / ((k - 1) * w)
     if per_step <= 0:
-        raise SystemExit(f"error: {k * w} supervised steps took no longer than {w} ({t_kw:.0f} s against {t_w:.0f} s): "
+        fail(f"{k * w} supervised steps took no longer than {w} ({t_kw:.0f} s against {t_w:.0f} s): "
                          "the machine is too noisy to calibrate; rerun alone, or with a larger --calibrate")
     n = w + max(0, round((t_rl - t_w) / per_step))
     t_n, at_n = control(n)
