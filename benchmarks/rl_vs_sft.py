@@ -90,7 +90,7 @@ def step0(records: list[dict], keys: list[str]) -> dict:
     first = next((r for r in records if r["step"] == 0 and keys[0] in r), None)
     if first is None:
         fail(f"the run logged no {keys[0]} at step 0; keep the recipe's evaluation at step 0")
-    return {k: round(float(first[k]), 4) for k in keys if k in first}
+    return {key: round(float(first[key]), 4) for key in keys if key in first}
 
 
 def one_seed(args, seed: int, out: Path) -> dict:
@@ -107,22 +107,22 @@ def one_seed(args, seed: int, out: Path) -> dict:
     curve = evaluations(rl, spec["metric"])
     log(f"[seed {seed}] recipe: {t_rl:.0f} s, {spec['metric']} {[(s, round(v, 3)) for s, v in curve]}")
 
-    def control(steps: int) -> tuple[float, dict]:
-        wall, recs = train(args.recipe, out, f"sft{steps}_s{seed}",
+    def control(steps: int, name: str) -> tuple[float, dict]:
+        wall, recs = train(args.recipe, out, f"{name}_s{seed}",
                            [*common, *spec["control"], f"sft.warm_start_steps={steps}", "runner.max_steps=1"])
         scores = step0(recs, keys)
         log(f"[seed {seed}] control, {steps} supervised steps: {wall:.0f} s, {scores}")
         return wall, scores
 
-    t_w, at_w = control(w)
-    k = args.calibrate
-    t_kw, at_kw = control(k * w)
-    per_step = (t_kw - t_w) / ((k - 1) * w)
+    t_w, at_w = control(w, "warm")
+    times = args.calibrate
+    t_kw, at_kw = control(times * w, "calibration")
+    per_step = (t_kw - t_w) / ((times - 1) * w)
     if per_step <= 0:
-        fail(f"{k * w} supervised steps took no longer than {w} ({t_kw:.0f} s against {t_w:.0f} s): "
-                         "the machine is too noisy to calibrate; rerun alone, or with a larger --calibrate")
+        fail(f"{times * w} supervised steps took no longer than {w} ({t_kw:.0f} s against {t_w:.0f} s): "
+             "the machine is too noisy to calibrate; rerun alone, or with a larger --calibrate")
     n = w + max(0, round((t_rl - t_w) / per_step))
-    t_n, at_n = control(n)
+    t_n, at_n = control(n, "matched")  # a run of its own even when n == w
     tail = [v for _, v in curve[-args.tail:]]
     warm = step0(rl, keys)
     return {
@@ -130,10 +130,10 @@ def one_seed(args, seed: int, out: Path) -> dict:
         "warm_start": warm,
         "recipe": {"wall_s": round(t_rl, 1), "final": round(curve[-1][1], 4), f"mean_last_{args.tail}": round(statistics.mean(tail), 4),
                    "curve": [[s, round(v, 4)] for s, v in curve],
-                   "final_also": {k: round(float(v), 4) for k, v in rl[-1].items() if k in spec["also"]}},
+                   "final_also": {key: round(float(v), 4) for key, v in rl[-1].items() if key in spec["also"]}},
         "controls": [
             {"steps": w, "wall_s": round(t_w, 1), **at_w},
-            {"steps": k * w, "wall_s": round(t_kw, 1), **at_kw},
+            {"steps": times * w, "wall_s": round(t_kw, 1), **at_kw},
             {"steps": n, "wall_s": round(t_n, 1), "compute_matched": True, **at_n},
         ],
         "seconds_per_supervised_step": round(per_step, 4),
@@ -151,8 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides for every run")
     args = p.parse_args(argv)
     if args.tail < 1 or args.calibrate < 2:
-        print("error: --tail must be >= 1 and --calibrate >= 2", file=sys.stderr)
-        return 2
+        fail("--tail must be >= 1 and --calibrate >= 2")
     metric = RECIPES[args.recipe]["metric"]
     with tempfile.TemporaryDirectory() as tmp:
         seeds = [one_seed(args, s, Path(tmp)) for s in args.seeds]
@@ -161,7 +160,11 @@ def main(argv=None) -> int:
         log(f"seed {r['seed']}: warm start {r['warm_start'][metric]:.3f} -> recipe {r['recipe']['final']:.3f} "
             f"({r['recipe']['wall_s']:.0f} s) | control {c['steps']} steps {c[metric]:.3f} ({c['wall_s']:.0f} s)")
     summary = {
-        "recipe": args.recipe, "metric": metric, "overrides": args.overrides, "seeds": seeds,
+        "recipe": args.recipe, "metric": metric, "overrides": args.overrides,
+        # How the two sides ran: the same recipe, machine and precision; the control differs
+        # by these overrides alone.
+        "control": [*RECIPES[args.recipe]["control"], "sft.warm_start_steps=N", "runner.max_steps=1"],
+        "processes": "own, one after another", "compilation_cache": "off", "seeds": seeds,
         "mean_gain_over_warm_start": round(statistics.mean(r["gain_over_warm_start"] for r in seeds), 4),
         "mean_gain_over_control": round(statistics.mean(r["gain_over_control"] for r in seeds), 4),
     }
