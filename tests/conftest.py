@@ -27,12 +27,18 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"rlinf_jax_test_cache_{os.getuid()}")
 )
 
-# Every test process compiles with LLVM's optimisation off: the suite compiles thousands of
-# small programs and runs each for a few steps, so the backend's optimisation is most of a
-# compile and buys nothing back. XLA's own (HLO) passes still run, and every comparison in
-# the suite is between programs compiled alike. Tests of the flags themselves set XLA_FLAGS.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+# Set in a child started for a test marked `optimized`: it compiles as users do.
+CHILD_OPTIMIZED = "RLINF_TEST_OPTIMIZED"
+OPTIMIZED = os.environ.get(CHILD_OPTIMIZED) == "1"
+
+# Test processes compile with LLVM's optimisation off: the suite compiles thousands of small
+# programs and runs most for a few steps, so the backend's optimisation is most of a compile
+# and buys nothing back. XLA's own (HLO) passes still run, and every comparison in the suite
+# is between programs compiled alike. A test that trains long enough for the optimisation to
+# pay for itself (a learning claim: 2-3x faster steps) is marked `optimized` and runs in a
+# child process compiling as users do. Tests of the flags themselves set XLA_FLAGS.
+TEST_XLA_FLAGS = "" if OPTIMIZED else "--xla_backend_optimization_level=0"
+if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 # No test steps an env through MJX's Warp backend: every test process (workers and the
@@ -94,18 +100,23 @@ def run_child(entry: str, args, tmp_path, fault: str | None = None, fault_at: in
 
 
 def clean_env(**extra) -> dict:
-    """This process's environment without the settings that pick devices or a Ray cluster."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS", CHILD_DEVICES)}
+    """This process's environment without the settings that pick devices or a Ray cluster
+    (its test flags kept: the children of an `optimized` test compile as users do too)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "XLA_FLAGS", "JAX_PLATFORMS", CHILD_DEVICES, CHILD_OPTIMIZED)}
     return {**env, "XLA_FLAGS": TEST_XLA_FLAGS, **extra}
 
 
 def forced_devices_env(n: int, **extra) -> dict:
     """The environment of a process whose JAX sees ``n`` CPU devices."""
-    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n} {TEST_XLA_FLAGS}", JAX_PLATFORMS="cpu", **extra)
+    flags = f"--xla_force_host_platform_device_count={n} {TEST_XLA_FLAGS}".strip()
+    return clean_env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu", **extra)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "devices(n): run the test in a child pytest that sees n fake CPU devices")
+    config.addinivalue_line(
+        "markers", "optimized: run the test in a child pytest that compiles with XLA's full optimisation")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -117,20 +128,28 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    marker = pyfuncitem.get_closest_marker("devices")
-    if marker is None:
+    devices = pyfuncitem.get_closest_marker("devices")
+    optimized = pyfuncitem.get_closest_marker("optimized") is not None
+    if devices is None and not optimized:
         return None
-    n = int(marker.args[0])
-    if os.environ.get(CHILD_DEVICES) == str(n):
+    n = None if devices is None else int(devices.args[0])
+    if (n is None or os.environ.get(CHILD_DEVICES) == str(n)) and (not optimized or OPTIMIZED):
         return None  # this is the child: run the test here
+    flags = (n is not None and f"--xla_force_host_platform_device_count={n}", not optimized and TEST_XLA_FLAGS)
+    env = clean_env(XLA_FLAGS=" ".join(f for f in flags if f))
+    if n is not None:
+        env.update(JAX_PLATFORMS="cpu", **{CHILD_DEVICES: str(n)})
+    if optimized:
+        env[CHILD_OPTIMIZED] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", pyfuncitem.nodeid],
         cwd=ROOT,
-        env=forced_devices_env(n, **{CHILD_DEVICES: str(n)}),
+        env=env,
         capture_output=True,
         text=True,
-        timeout=marker.kwargs.get("timeout", 1500),
+        timeout=(devices.kwargs if devices is not None else {}).get("timeout", 1500),
     )
     if proc.returncode != 0:
-        pytest.fail(f"failed with {n} devices:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}", pytrace=False)
+        where = " and ".join(w for w in (n is not None and f"{n} devices", optimized and "XLA's full optimisation") if w)
+        pytest.fail(f"failed with {where}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}", pytrace=False)
     return True

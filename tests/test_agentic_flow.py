@@ -35,6 +35,7 @@ def strip(records):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
     extra = ("runner.save_interval=2", "runner.eval_interval=2", "algorithm.lm.kl_coef=0.01", "agent.advantage_mode=turn")
     assert run(tmp_path, "full", "runner.max_steps=4", *extra) == 0
@@ -64,6 +65,7 @@ def test_agentic_run_resumes_exactly_and_logs_turns(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.devices(8)
+@pytest.mark.optimized
 def test_agentic_layouts_give_the_same_metrics(tmp_path):
     results = {}
     # The third: disaggregated with cluster.scaling=dynamic, the update borrowing the

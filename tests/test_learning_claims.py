@@ -6,7 +6,11 @@ its doc names. The full-scale figures come from the benchmark beside each claim:
 - reasoning (docs/reasoning.md): GRPO after a warm start against spending its compute on
   more SFT instead (`benchmarks/rl_vs_sft.py`). The control here gets less compute than
   the GRPO run spent, never more, so where it wins, the benchmark's compute-matched
-  control wins by at least as much."""
+  control wins by at least as much. GRPO's own gain over its warm start is not asserted:
+  at a size a test affords, its sign changes with the seed (the test says by how much).
+
+Tests that train long enough for XLA's optimisation to pay for itself are `optimized`
+(tests/conftest.py): compiled as users compile, in a child process."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ SCHEDULE = [
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_crossq_reaches_the_threshold_in_a_fraction_of_sacs_env_steps(tmp_path):
     # docs/offpolicy.md: CrossQ reaches 900 on inverted_pendulum at its first evaluation
     # (3,200 env steps) in every seed; SAC on the same schedule needs 9,600 or more. Here
@@ -61,11 +66,17 @@ TINY_LM = [
 
 
 @pytest.mark.slow
-def test_grpo_math_gains_over_its_warm_start_and_more_sft_gains_more(tmp_path):
-    # docs/reasoning.md: GRPO raises held-out accuracy over its short warm start, and the
-    # same compute spent on SFT raises it further. The control continues the warm start by
-    # one SFT step (64 sequences, one optimiser step) per GRPO iteration (32 samples
-    # generated, scored, then four optimiser steps of 16): less than an iteration's compute.
+def test_grpo_math_from_a_short_warm_start_is_beaten_by_more_sft_for_less_compute(tmp_path):
+    # docs/reasoning.md: GRPO raises held-out accuracy over its warm start (+17.9 points
+    # over two seeds at the recipe's scale), and the same compute spent on SFT raises it
+    # further. Here the control continues the warm start by one SFT step (64 sequences, one
+    # optimiser step) per GRPO iteration (32 samples generated, scored, then four optimiser
+    # steps of 16): less than an iteration's compute, and it still ends far above GRPO.
+    # GRPO's own gain does not hold at this size: from 60 warm-start steps, 30 iterations
+    # moved seed 0 from 10.9% to 18.8% with LLVM's optimisation off and to 9.4% with it on,
+    # and 60 iterations at half the learning rate (128 problems) gave +6.2, +7.8 and -7.8
+    # points for seeds 0, 1 and 2, while the control led GRPO by 20-48 points at the end of every one
+    # of those runs. So this test asserts the control's lead, not GRPO's gain.
     steps, iterations = 60, 30
     common = [*QUIET, *TINY_LM, "sft.lr=3e-3", "data.rollout_batch_size=8", "algorithm.lm.group_size=4",
               "actor.global_batch_size=16", "actor.micro_batch_size=16", "algorithm.update_epochs=2",
@@ -76,5 +87,4 @@ def test_grpo_math_gains_over_its_warm_start_and_more_sft_gains_more(tmp_path):
                  f"sft.warm_start_steps={steps + iterations}", "runner.max_steps=1"]) == 0
     rl = evals(tmp_path / "rl", "eval/accuracy")
     control = evals(tmp_path / "sft", "eval/accuracy")[0]
-    assert rl[iterations] > rl[0], rl
-    assert control > rl[iterations], (control, rl)
+    assert control > max(rl.values()) + 0.1, (control, rl)

@@ -28,6 +28,7 @@ def _comparable(records):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_default_recipe_learns(tmp_path, capsys):
     # The default recipe, shortened: the eval return must rise far above a random policy's.
     code = main(
