@@ -24,6 +24,7 @@ from rlinf_jax.envs import (
     make_env,
     make_eval_env,
     normalize,
+    sim_adapter,
     update_stats,
 )
 from rlinf_jax.envs.brax_env import BRAX_BACKENDS, BraxEnv
@@ -414,6 +415,7 @@ def test_missing_brax_asset(monkeypatch):
         raise FileNotFoundError(2, "No such file or directory", "/gone/inverted_pendulum.xml")
 
     monkeypatch.setitem(brax_envs._envs, "inverted_pendulum", missing)
+    monkeypatch.setattr(sim_adapter, "_SIMS", {})  # not the env an earlier test loaded
     with pytest.raises(BadInput, match="asset file missing: /gone/inverted_pendulum.xml"):
         make_env(EnvConfig())
 
@@ -422,6 +424,7 @@ def test_missing_playground_asset(monkeypatch):
     from mujoco_playground._src.dm_control_suite import cartpole
 
     monkeypatch.setattr(cartpole, "_XML_PATH", pathlib.Path("/gone/cartpole.xml"))
+    monkeypatch.setattr(sim_adapter, "_SIMS", {})
     cfg = EnvConfig(suite="playground", name="CartpoleBalance", backend="jax")
     with pytest.raises(BadInput, match="CartpoleBalance.*/gone/cartpole.xml"):
         make_env(cfg)

@@ -32,6 +32,9 @@ def missing_asset_error(exc: Exception, what: str) -> BadInput | None:
     return None
 
 
+# (adapter, env name, backend) -> the library's env with its reset and step under jit,
+# shared by every adapter of that key in the process; see `_load`.
+_SIMS: dict[tuple[str, str, str], tuple[object, Callable, Callable]] = {}
 # (adapter, env name, backend) -> (observation size, has success); see `_reset_spec`.
 _RESET_SPECS: dict[tuple[str, str, str], tuple[int, bool]] = {}
 
@@ -47,13 +50,23 @@ class SimAdapter:
     num_envs = 1  # unbatched: leaves have no leading env axis
 
     def _load(self, what: str, load: Callable[[], object]) -> None:
-        try:
-            self._env = load()
-        except (OSError, ValueError) as exc:
-            err = missing_asset_error(exc, what)
-            if err is None:
-                raise
-            raise err from exc
+        """Loads the library's env, or takes the one an adapter of the same name and backend
+        loaded before. The env is a pure function of (name, backend), and sharing it shares
+        the traces of its reset and step: tracing a physics step takes seconds (in Brax it
+        is most of a small run's start), and a run steps the same env in its rollout, its
+        evaluation and its setup. Under jit, JAX traces each once per process and input
+        shape, and inside a vmap reuses the batched program for every batch of that size."""
+        key = (type(self).__name__, self.name, self.backend)
+        if key not in _SIMS:
+            try:
+                env = load()
+            except (OSError, ValueError) as exc:
+                err = missing_asset_error(exc, what)
+                if err is None:
+                    raise
+                raise err from exc
+            _SIMS[key] = (env, jax.jit(env.reset), jax.jit(env.step))
+        self._env, self._reset, self._step = _SIMS[key]
         self.observation_size, self.has_success = self._reset_spec(what)
         self.action_size = int(self._env.action_size)
 
@@ -64,7 +77,7 @@ class SimAdapter:
         reset takes ~1-3 s, so one trace serves every env of the same name and backend."""
         key = (type(self).__name__, self.name, self.backend)
         if key not in _RESET_SPECS:
-            shapes = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+            shapes = jax.eval_shape(self._reset, jax.random.PRNGKey(0))
             if isinstance(shapes.obs, Mapping):
                 raise BadInput(f"{what} has dict observations, which are not supported")
             _RESET_SPECS[key] = (int(shapes.obs.shape[-1]), "success" in shapes.metrics)
@@ -84,10 +97,10 @@ class SimAdapter:
         )
 
     def reset(self, key: jax.Array) -> EnvState:
-        return self._wrap(self._env.reset(key), {})
+        return self._wrap(self._reset(key), {})
 
     def step(self, state: EnvState, action: jax.Array) -> EnvState:
-        return self._wrap(self._env.step(state.sim, action), state.info)
+        return self._wrap(self._step(state.sim, action), state.info)
 
     @property
     def unwrapped(self):
