@@ -59,6 +59,15 @@ class TabletopConfig:
         return self
 
 
+# What one env's reset and step compute depends on only these settings (the split and the
+# batch size pick which episodes, not how they run): (settings) -> (reset_one, step_one)
+# under jit, shared by every TabletopEnv of those settings in the process. A run steps the
+# tabletop in its demonstrations, its rollout and the evaluation of each split; tracing one
+# step takes seconds (physics and rendering), and under jit JAX traces it once per process
+# and batches it once per batch size.
+_JITTED: dict[tuple, tuple] = {}
+
+
 class TabletopEnv:
     """Batched, functional; see the module docstring. `TabletopEnv(split="vision", ...)`."""
 
@@ -81,6 +90,10 @@ class TabletopEnv:
         self.vocab_size = language.vocab_size()
         self.model = mjx.put_model(scene.mj_model())
         self.rays = jnp.asarray(scene.camera_rays(c.image_size))
+        key = (c.image_size, c.chunk_length, c.max_steps, c.terminate_on_success, c.layout)
+        if key not in _JITTED:
+            _JITTED[key] = (jax.jit(self.reset_one), jax.jit(self.step_one))
+        self._reset_one, self._step_one = _JITTED[key]
 
     @property
     def unwrapped(self):
@@ -149,7 +162,7 @@ class TabletopEnv:
         ids = jnp.asarray(episode_ids, jnp.int32)
         if ids.shape != (self.num_envs,):
             raise BadInput(f"reset_to needs {self.num_envs} episode ids, got shape {tuple(ids.shape)}")
-        return jax.vmap(self.reset_one)(ids)
+        return jax.vmap(self._reset_one)(ids)
 
     def sample_episode_ids(self, key: jax.Array) -> jax.Array:
         c = self.config
@@ -174,4 +187,4 @@ class TabletopEnv:
         return action
 
     def step(self, state: EnvState, action: jax.Array) -> EnvState:
-        return jax.vmap(self.step_one)(state, self._chunk(action, state.reward.shape[0]))
+        return jax.vmap(self._step_one)(state, self._chunk(action, state.reward.shape[0]))
