@@ -58,7 +58,11 @@ def make_env(cfg: Config, num_envs: int | None = None, evaluation: bool = False)
     ``env.num_envs``), or with ``evaluation`` the run's evaluation env (``env.num_eval_envs``,
     one episode each): ``env.reset(key)`` and ``env.step(state, action)`` are jittable."""
     from rlinf_jax.envs import make_env as make, make_eval_env
+    from rlinf_jax.envs.mjx_import import import_mjx, uses_warp
 
+    # As a run does (tasks/registry.py): MJX without its Warp backend unless the env steps
+    # through it, seconds sooner in a notebook that builds an env before it trains.
+    import_mjx(warp=uses_warp(cfg))
     return make_eval_env(cfg.env) if evaluation else make(cfg.env, num_envs)
 
 
