@@ -141,8 +141,12 @@ def pytest_pyfunc_call(pyfuncitem):
         env.update(JAX_PLATFORMS="cpu", **{CHILD_DEVICES: str(n)})
     if optimized:
         env[CHILD_OPTIMIZED] = "1"
+    # Without pytest's unraisable-exception plugin: at exit it runs five full garbage
+    # collections over the child's JAX heap (about 2 s), to turn exceptions raised in
+    # finalizers into warnings that nobody reads here; the child's result is its exit code.
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+         pyfuncitem.nodeid],
         cwd=ROOT,
         env=env,
         capture_output=True,
