@@ -180,14 +180,17 @@ def profile(cfg: Config, setup: Setup, cand: Candidate, num_devices: int, repeat
     return Profile(cand, placement.mode, rollout_ms, learn_ms, overlap, both, iteration, steps), trainer
 
 
-def auto_placement(cfg: Config, setup: Setup, num_devices: int, cands: list[Candidate] | None = None, log=None) -> AutoPlan:
-    """Profiles ``cands`` (default: `candidates`) and returns the plan with the best one."""
+def auto_placement(
+    cfg: Config, setup: Setup, num_devices: int, cands: list[Candidate] | None = None, log=None, repeats: int = 3
+) -> AutoPlan:
+    """Profiles ``cands`` (default: `candidates`) and returns the plan with the best one;
+    each stage's time is its fastest of ``repeats``."""
     t0 = time.perf_counter()
     cands = candidates(num_devices, cfg.env.num_envs, cfg.flow.max_staleness) if cands is None else cands
     profiles, trainers = [], []
     for cand in cands:
         try:
-            prof, trainer = profile(cfg, setup, cand, num_devices)
+            prof, trainer = profile(cfg, setup, cand, num_devices, repeats)
         except BadInput as e:  # e.g. a batch that does not split over this layout
             if log:
                 log(f"auto-placement: skip {cand.name}: {e}")
