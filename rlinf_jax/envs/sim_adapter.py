@@ -7,6 +7,7 @@ Brax and MuJoCo Playground states both carry ``obs``, ``reward``, ``done`` and
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +33,20 @@ def missing_asset_error(exc: Exception, what: str) -> BadInput | None:
     return None
 
 
-# (adapter, env name, backend) -> the library's env with its reset and step under jit,
-# shared by every adapter of that key in the process; see `_load`.
-_SIMS: dict[tuple[str, str, str], tuple[object, Callable, Callable]] = {}
-# (adapter, env name, backend) -> (observation size, has success); see `_reset_spec`.
-_RESET_SPECS: dict[tuple[str, str, str], tuple[int, bool]] = {}
+@dataclass(frozen=True)
+class _Sim:
+    """A loaded library env, its reset and step under jit, and what its reset's shapes say."""
+
+    env: object
+    reset: Callable
+    step: Callable
+    observation_size: int
+    has_success: bool
+
+
+# (adapter, env name, backend) -> its `_Sim`, shared by every adapter of that key in the
+# process; see `_load`.
+_SIMS: dict[tuple[str, str, str], _Sim] = {}
 
 
 class SimAdapter:
@@ -55,7 +65,11 @@ class SimAdapter:
         the traces of its reset and step: tracing a physics step takes seconds (in Brax it
         is most of a small run's start), and a run steps the same env in its rollout, its
         evaluation and its setup. Under jit, JAX traces each once per process and input
-        shape, and inside a vmap reuses the batched program for every batch of that size."""
+        shape, and inside a vmap reuses the batched program for every batch of that size.
+
+        The observation size and whether the env reports success come from a shape trace of
+        the reset (the libraries' observation_size runs a real, eager reset), which the
+        reset's later traces reuse."""
         key = (type(self).__name__, self.name, self.backend)
         if key not in _SIMS:
             try:
@@ -65,23 +79,15 @@ class SimAdapter:
                 if err is None:
                     raise
                 raise err from exc
-            _SIMS[key] = (env, jax.jit(env.reset), jax.jit(env.step))
-        self._env, self._reset, self._step = _SIMS[key]
-        self.observation_size, self.has_success = self._reset_spec(what)
-        self.action_size = int(self._env.action_size)
-
-    def _reset_spec(self, what: str) -> tuple[int, bool]:
-        """(observation size, whether the env reports success), from a shape trace of its
-        reset: the libraries' observation_size runs a real (eager) reset. A run builds
-        the same env at least twice (training and evaluation) and a trace of a physics
-        reset takes ~1-3 s, so one trace serves every env of the same name and backend."""
-        key = (type(self).__name__, self.name, self.backend)
-        if key not in _RESET_SPECS:
-            shapes = jax.eval_shape(self._reset, jax.random.PRNGKey(0))
+            reset = jax.jit(env.reset)
+            shapes = jax.eval_shape(reset, jax.random.PRNGKey(0))
             if isinstance(shapes.obs, Mapping):
                 raise BadInput(f"{what} has dict observations, which are not supported")
-            _RESET_SPECS[key] = (int(shapes.obs.shape[-1]), "success" in shapes.metrics)
-        return _RESET_SPECS[key]
+            _SIMS[key] = _Sim(env, reset, jax.jit(env.step), int(shapes.obs.shape[-1]), "success" in shapes.metrics)
+        sim = _SIMS[key]
+        self._env, self._reset, self._step = sim.env, sim.reset, sim.step
+        self.observation_size, self.has_success = sim.observation_size, sim.has_success
+        self.action_size = int(self._env.action_size)
 
     def _wrap(self, s, info: dict) -> EnvState:
         info = dict(info)

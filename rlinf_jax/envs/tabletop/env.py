@@ -59,13 +59,13 @@ class TabletopConfig:
         return self
 
 
-# What one env's reset and step compute depends on only these settings (the split and the
-# batch size pick which episodes, not how they run): (settings) -> (reset_one, step_one)
-# under jit, shared by every TabletopEnv of those settings in the process. A run steps the
+# What one env's reset and step compute depends on its config less the split, batch size and
+# group size (those pick which episodes, not how they run): (that config) -> (reset_one,
+# step_one) under jit, shared by every TabletopEnv of it in the process. A run steps the
 # tabletop in its demonstrations, its rollout and the evaluation of each split; tracing one
 # step takes seconds (physics and rendering), and under jit JAX traces it once per process
 # and batches it once per batch size.
-_JITTED: dict[tuple, tuple] = {}
+_JITTED: dict[TabletopConfig, tuple] = {}
 
 
 class TabletopEnv:
@@ -90,7 +90,7 @@ class TabletopEnv:
         self.vocab_size = language.vocab_size()
         self.model = mjx.put_model(scene.mj_model())
         self.rays = jnp.asarray(scene.camera_rays(c.image_size))
-        key = (c.image_size, c.chunk_length, c.max_steps, c.terminate_on_success, c.layout)
+        key = dataclasses.replace(c, split="train", num_envs=1, group_size=1)
         if key not in _JITTED:
             _JITTED[key] = (jax.jit(self.reset_one), jax.jit(self.step_one))
         self._reset_one, self._step_one = _JITTED[key]
