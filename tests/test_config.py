@@ -436,6 +436,32 @@ def test_a_key_only_a_base_recipe_set_is_named_in_one_warning(tmp_path):
     assert "algorithm.normalize_advantages" not in line
 
 
+def test_a_runs_saved_config_is_a_config_to_rerun_it_and_only_its_overrides_are_checked(tmp_path):
+    from rlinf_jax.errors import BadInput
+    from rlinf_jax.tasks.registry import load_run_config
+    from rlinf_jax.tasks.reasoning.run import sft_warm_start_config
+
+    # A reasoning recipe's warm start saves a resolved sft config that still holds the
+    # reasoning keys (env.*, algorithm.*) an sft run does not read: it is a record of the
+    # run, so given back as the config (to extend that run, say) it loads as it was saved.
+    warm = sft_warm_start_config(load_run_config("grpo_tool_calc"))
+    saved = tmp_path / "config.yaml"
+    saved.write_text(config_to_yaml(warm))
+    warnings = []
+    cfg = load_run_config(str(saved), ["runner.max_steps=900"], warn=warnings.append)
+    assert cfg == load_config_file(saved, ["runner.max_steps=900"]) and warnings == []
+    # What the command line adds is checked as always.
+    with pytest.raises(BadInput, match="is not read by an sft run"):
+        load_run_config(str(saved), ["algorithm.lm.group_size=4"])
+    # A partial file is a recipe of the user's own: its keys are checked.
+    partial = tmp_path / "partial.yaml"
+    data = yaml.safe_load(saved.read_text())
+    del data["runner"]["seed"]
+    partial.write_text(yaml.safe_dump(data))
+    with pytest.raises(BadInput, match="is not read by an sft run"):
+        load_run_config(str(partial))
+
+
 def test_a_backbone_other_than_the_models_own_is_refused():
     from rlinf_jax.errors import BadInput
     from rlinf_jax.tasks.registry import load_run_config

@@ -397,12 +397,22 @@ def _leaf_paths(tree: dict, prefix: str = ""):
             yield path
 
 
+def _is_resolved(data: dict) -> bool:
+    """Whether a layer sets every leaf of the schema (`config_to_yaml`'s output)."""
+    return set(LEAVES) <= set(_leaf_paths(data))
+
+
 def _build(layers: list[tuple[str, dict]], overrides: Iterable[str]) -> tuple[Config, Origins]:
     cfg = OmegaConf.structured(Config)
     origins = Origins()
     for i, (where, data) in enumerate(layers):
         _check_keys(data, where)
         cfg = _merge_layer(cfg, data, where)
+        if _is_resolved(data):
+            # A run's saved config.yaml spells out every key, read or not by its task: a
+            # record of the run, not choices to check. Given as the config (to rerun or
+            # extend that run), it sets what it holds and only overrides are checked.
+            continue
         own = i == len(layers) - 1
         for path in _leaf_paths(data):
             (origins.explicit if own else origins.inherited)[path] = where
