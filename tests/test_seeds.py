@@ -24,6 +24,7 @@ from rlinf_jax.tasks.offpolicy.run import build_trainer as build_offpolicy
 from rlinf_jax.tasks.registry import load_run_config
 from tests.conftest import TINY
 from tests.test_offpolicy import TINY_SAC
+from tests.test_vla_flow import TINY_VLA
 
 # ------------------------------------------------------------------ the statistics
 
@@ -132,6 +133,22 @@ def test_each_seed_equals_alone_when_learning_from_a_dataset(recipe, tmp_path):
     _each_seed_equals_alone(recipe, build_offpolicy, overrides, 2e-3)
 
 
+@pytest.mark.slow
+def test_warm_started_seeds_each_start_from_their_own_warm_start_and_equal_the_seed_alone():
+    # The tabletop VLA, cloned from the expert and its critic warmed up before PPO: each
+    # run of the batch is cloned with its own seed (fresh model, demonstrations, keys), as
+    # that seed's run alone is, and logs that warm start's metrics at step 0.
+    # (Episodes long enough for the scripted expert to finish its demonstrations.)
+    overrides = [*TINY_VLA, "env.episode_length=32", "sft.warm_start_steps=3", "sft.num_demos=4", "sft.batch_size=8",
+                 "sft.critic_warmup_steps=2", "sft.critic_warmup_episodes=4"]
+    batch, alone = _each_seed_equals_alone("ppo_vla_tabletop", build_ppo, overrides, 1e-5)
+    warm, warm3 = batch.warm_start_metrics, alone.warm_start_metrics
+    assert set(warm3) == {"warm_start/loss", "warm_start/bin_accuracy", "warm_start/value_mse"}
+    for key, value in warm3.items():
+        assert warm[key + "@seed3"] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert warm["warm_start/loss@seed0"] != warm["warm_start/loss@seed3"]
+
+
 def _each_seed_equals_alone(recipe, build, overrides, rtol):
     rtol, metric_rtol = rtol if isinstance(rtol, tuple) else (rtol, rtol)  # the state's, the metrics' (one or two)
     batch = build(load_run_config(recipe, [*overrides, "runner.seeds=[0,3]"]))
@@ -151,6 +168,7 @@ def _each_seed_equals_alone(recipe, build, overrides, rtol):
     assert not np.allclose(np.asarray(jax.tree.leaves(state)[0][0]), np.asarray(jax.tree.leaves(state)[0][1]))
     assert evaluation["eval/return"] == pytest.approx(
         (evaluation["eval/return@seed0"] + evaluation["eval/return@seed3"]) / 2)
+    return batch, alone
 
 
 # ------------------------------------------------------------------ a run: logs, resume, evaluate

@@ -136,6 +136,10 @@ class SeedBatch(EnvTrainer):
     def image_observations(self) -> bool:
         return self.algorithm.image_observations
 
+    @property
+    def warm_start_metrics(self) -> dict | None:
+        return self.algorithm.warm_start_metrics  # already combined over the seeds
+
     def strip(self, state, key, episodes: int):
         """The first run's episode strip (what TensorBoard shows)."""
         return self.algorithm.strip(unstack(state, 0), key, episodes)

@@ -90,10 +90,16 @@ class PPO(Algorithm):
     # ----------------------------------------------------------------- state
     def fresh_state(self, seed: int | None = None, env_state=None) -> TrainState:
         """A run's state of step 0, unplaced: the setup's parameters for ``runner.seed``
-        (the default), a fresh model's for another ``seed``; around ``env_state`` when given
-        (a host simulator's episode counters), else the env's reset."""
+        (the default), for another ``seed`` its warm start's (seeds side by side) or a fresh
+        model's; around ``env_state`` when given (a host simulator's episode counters), else
+        the env's reset."""
         seed = self.cfg.runner.seed if seed is None else seed
-        params = self._init_params if seed == self.cfg.runner.seed else setup_lib.fresh_params(self.setup, seed)
+        if self.setup.seed_params is not None:
+            params = self.setup.seed_params[seed]
+        elif seed == self.cfg.runner.seed:
+            params = self._init_params
+        else:
+            params = setup_lib.fresh_params(self.setup, seed)
         # Fresh buffers: the chunk donates its state, and init() may be called again.
         return self.state_around(jax.tree.map(jnp.copy, params), seed, env_state)
 

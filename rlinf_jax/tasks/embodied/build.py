@@ -13,7 +13,7 @@ from rlinf_jax.flow.trainer import EnvTrainer
 from rlinf_jax.tasks.embodied.auto_placement import AutoPlan, auto_placement
 from rlinf_jax.tasks.embodied.layouts import placed_trainer
 from rlinf_jax.tasks.embodied.setup import Setup, make_setup
-from rlinf_jax.tasks.embodied.warm_start import warm_start
+from rlinf_jax.tasks.embodied.warm_start import warm_start_runs
 
 
 def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement | None = None,
@@ -26,7 +26,7 @@ def build_placed(cfg: Config, setup: Setup | None = None, placement: Placement |
                  log=None) -> tuple[EnvTrainer, AutoPlan | None]:
     """`build_trainer`'s trainer, and auto-placement's plan when it chose the layout."""
     if setup is None:
-        setup = warm_start(cfg, make_setup(cfg))
+        setup = warm_start_runs(cfg, make_setup(cfg), resolve_seeds(cfg.runner))
     # Auto-placement times JAX env layouts; a host simulator has one runner.
     # Seeds side by side run in the fused runner: placed_trainer takes its collocated layout.
     batched = len(resolve_seeds(cfg.runner)) > 1

@@ -82,8 +82,6 @@ def why_not_batched(cfg: Config, setup: Setup, trainer) -> str | None:
     if not isinstance(trainer, Fused):
         return ("it needs cluster.component_placement=collocated, flow.num_micro_batches=1 and flow.max_staleness=0 "
                 "(got a staged layout)")
-    if setup.warm_start_metrics is not None:
-        return "a warm start (cloning, or actor.model.path) is made for one seed: run one seed per run"
     if cfg.actor.model.matmul != "xla":
         return (f"actor.model.matmul={cfg.actor.model.matmul}'s custom calls would run the seeds one after another: "
                 "use actor.model.matmul=xla")

@@ -7,11 +7,12 @@ from __future__ import annotations
 from rlinf_jax.config.schema import Config
 from rlinf_jax.envs.tabletop import SPLITS
 from rlinf_jax.flow.host_loop import NothingToDo
+from rlinf_jax.flow.seeds import resolve_seeds
 from rlinf_jax.runtime.distributed import is_primary
 from rlinf_jax.tasks.embodied.build import build_placed
 from rlinf_jax.tasks.embodied.plan import programs as plan_programs
 from rlinf_jax.tasks.embodied.setup import make_setup
-from rlinf_jax.tasks.embodied.warm_start import warm_start
+from rlinf_jax.tasks.embodied.warm_start import warm_start_runs
 from rlinf_jax.tasks.env_rl import loop as env_loop
 from rlinf_jax.tasks.env_rl.summary import RunSummary
 
@@ -41,7 +42,7 @@ def run(cfg: Config, console=None) -> RunSummary | NothingToDo:
     def build(resumed: bool):
         setup = make_setup(cfg)
         if not resumed:  # a resumed run restores its parameters; a warm start would be lost
-            setup = warm_start(cfg, setup)
+            setup = warm_start_runs(cfg, setup, resolve_seeds(cfg.runner))
         return build_placed(cfg, setup, log=log)
 
     return env_loop.run(cfg, console, EmbodiedLoop, lambda devices: plan_programs(cfg, devices, twins=False), build)

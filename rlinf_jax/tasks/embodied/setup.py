@@ -36,6 +36,9 @@ class Setup:
     # What a warm start measured (loss, accuracy, ...); None: the run has none. A
     # warm-started policy is evaluated at step 0, the baseline RL's gain is read from.
     warm_start_metrics: dict | None = None
+    # Seeds side by side with a warm start: each seed's warm-started parameters, made as
+    # that seed's run alone makes them (None: every seed starts from a fresh model).
+    seed_params: dict[int, Any] | None = None
 
 
 def make_setup(cfg: Config, abstract: bool = False) -> Setup:

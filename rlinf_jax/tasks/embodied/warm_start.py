@@ -11,7 +11,9 @@ the ``warm_start_metrics`` logged at step 0):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -23,9 +25,10 @@ from rlinf_jax.config import load_config_file
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.envs.tabletop.visits import expert_demos
+from rlinf_jax.flow.seeds import combine
 from rlinf_jax.runtime import find_checkpoint, restore_checkpoint
 from rlinf_jax.tasks.embodied import cloning
-from rlinf_jax.tasks.embodied.setup import Setup, make_setup
+from rlinf_jax.tasks.embodied.setup import Setup, fresh_params, make_setup
 from rlinf_jax.tasks.embodied.state import fresh_state
 
 
@@ -39,6 +42,34 @@ def warm_start(cfg: Config, setup: Setup, log=print) -> Setup:
     if cfg.sft.warm_start_steps > 0 and m.kind in CLONES:
         return CLONES[m.kind](cfg, setup, log)
     return setup
+
+
+def warm_start_runs(cfg: Config, setup: Setup, seeds: Sequence[int], log=print) -> Setup:
+    """`warm_start` for the runs of ``seeds`` side by side: each seed's warm start made as
+    that seed's run alone makes it (its own fresh model, demonstrations, cloning and
+    critic keys), so each run starts where it would alone; their metrics are combined
+    over the seeds (`flow.seeds.combine`). One seed: `warm_start` itself."""
+    if len(seeds) == 1:
+        return warm_start(cfg, setup, log)
+    if not has_warm_start(cfg):
+        return setup
+    made = []
+    for seed in seeds:
+        run_cfg = copy.deepcopy(cfg)
+        run_cfg.runner.seed = seed
+        params = setup.params if seed == cfg.runner.seed else fresh_params(setup, seed)
+        seed_log = None if log is None else (lambda line, seed=seed: log(f"seed {seed}: {line}"))
+        made.append(warm_start(run_cfg, dataclasses.replace(setup, params=params), seed_log))
+    return dataclasses.replace(
+        setup, seed_params={seed: m.params for seed, m in zip(seeds, made)},
+        warm_start_metrics=combine([m.warm_start_metrics for m in made], seeds),
+    )
+
+
+def has_warm_start(cfg: Config) -> bool:
+    """Whether the run starts RL from a warm start (`warm_start` would change its setup)."""
+    m = cfg.actor.model
+    return bool(m.kind == "vla" and m.path) or (cfg.sft.warm_start_steps > 0 and m.kind in CLONES)
 
 
 def _fit_args(cfg: Config, log) -> dict:
