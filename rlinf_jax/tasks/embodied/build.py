@@ -25,11 +25,12 @@ def build_trainer(cfg: Config, setup: Setup | None = None, placement: Placement 
 def build_placed(cfg: Config, setup: Setup | None = None, placement: Placement | None = None,
                  log=None) -> tuple[EnvTrainer, AutoPlan | None]:
     """`build_trainer`'s trainer, and auto-placement's plan when it chose the layout."""
+    seeds = resolve_seeds(cfg.runner)
     if setup is None:
-        setup = warm_start_runs(cfg, make_setup(cfg), resolve_seeds(cfg.runner))
+        setup = warm_start_runs(cfg, make_setup(cfg), seeds)
     # Auto-placement times JAX env layouts; a host simulator has one runner.
     # Seeds side by side run in the fused runner: placed_trainer takes its collocated layout.
-    batched = len(resolve_seeds(cfg.runner)) > 1
+    batched = len(seeds) > 1
     if placement is None and cfg.cluster.component_placement == "auto" and not is_host_suite(cfg.env) and not batched:
         if is_multiprocess():
             # Each process would time the candidates itself and might pick another one.

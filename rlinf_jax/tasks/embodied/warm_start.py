@@ -51,25 +51,20 @@ def warm_start_runs(cfg: Config, setup: Setup, seeds: Sequence[int], log=print) 
     over the seeds (`flow.seeds.combine`). One seed: `warm_start` itself."""
     if len(seeds) == 1:
         return warm_start(cfg, setup, log)
-    if not has_warm_start(cfg):
-        return setup
     made = []
     for seed in seeds:
         run_cfg = copy.deepcopy(cfg)
         run_cfg.runner.seed = seed
         params = setup.params if seed == cfg.runner.seed else fresh_params(setup, seed)
         seed_log = None if log is None else (lambda line, seed=seed: log(f"seed {seed}: {line}"))
-        made.append(warm_start(run_cfg, dataclasses.replace(setup, params=params), seed_log))
+        run = warm_start(run_cfg, dataclasses.replace(setup, params=params), seed_log)
+        if run.warm_start_metrics is None:  # no warm start: every seed starts from its fresh model
+            return setup
+        made.append(run)
     return dataclasses.replace(
         setup, seed_params={seed: m.params for seed, m in zip(seeds, made)},
         warm_start_metrics=combine([m.warm_start_metrics for m in made], seeds),
     )
-
-
-def has_warm_start(cfg: Config) -> bool:
-    """Whether the run starts RL from a warm start (`warm_start` would change its setup)."""
-    m = cfg.actor.model
-    return bool(m.kind == "vla" and m.path) or (cfg.sft.warm_start_steps > 0 and m.kind in CLONES)
 
 
 def _fit_args(cfg: Config, log) -> dict:
