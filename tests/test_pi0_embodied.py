@@ -58,7 +58,7 @@ class Jitted:
         def heads(p, obs, x, t):
             model = merge(p)
             prefix, state = policy.encode(model, obs)
-            v, std, _ = model._heads(model.expert_hidden(prefix, state, x, jnp.full((x.shape[0],), t)))
+            v, std, _ = model.outputs(prefix, state, x, jnp.full((x.shape[0],), t))
             return v, (jnp.zeros_like(v) if std is None else std)
 
         self._heads = jax.jit(heads)

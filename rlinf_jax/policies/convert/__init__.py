@@ -45,6 +45,7 @@ REGISTRY: dict[str, Entry] = {
     "gemma": Entry("rlinf_jax.policies.convert.gemma"),
     "paligemma": Entry("rlinf_jax.policies.convert.pi0", "convert_paligemma", "load_paligemma"),
     "pi0": Entry("rlinf_jax.policies.convert.pi0"),
+    "pi05": Entry("rlinf_jax.policies.convert.pi05"),
 }
 
 
@@ -62,7 +63,9 @@ def entry(model_type: str | None) -> Entry:
 
 
 def model_type_of(path) -> str | None:
-    return read_hf_config(path).get("model_type")
+    """config.json's ``model_type`` (transformers), or ``type`` (lerobot's policy configs)."""
+    hf = read_hf_config(path)
+    return hf.get("model_type") or hf.get("type")
 
 
 def convert(src, out_dir, dtype: str = "auto") -> Path:

@@ -118,7 +118,7 @@ def _source_keys(files) -> list[str]:
     return out
 
 
-def _load(model_fn, path, rows_fn, what, dtype, param_dtype, fresh=()):
+def load_flow_model(model_fn, path, rows_fn, what, dtype, param_dtype, fresh=()):
     """Build ``model_fn(dtype, param_dtype, rngs)`` abstractly, pour the checkpoint in, and
     take parameters under the ``fresh`` prefixes from a real initialisation of those heads."""
     files = safetensors_files(path)
@@ -159,7 +159,7 @@ def paligemma_from_pretrained(path, dtype=jnp.float32, param_dtype=None) -> Pali
     config = PaliGemmaConfig.from_hf_config(read_hf_config(path))
     param_dtype = param_dtype or dtype
     tied = config.text.tie_word_embeddings
-    return _load(
+    return load_flow_model(
         lambda d, pd, rngs: PaliGemma(config, dtype=d, param_dtype=pd, rngs=rngs),
         path,
         lambda source: paligemma_rows("", "", source, tied),
@@ -197,7 +197,7 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None, **rl) -> Pi0:
     config = pi0_config(read_hf_config(path), **rl)
     param_dtype = param_dtype or dtype
     tied = config.paligemma.text.tie_word_embeddings
-    return _load(
+    return load_flow_model(
         lambda d, pd, rngs: Pi0(config, dtype=d, param_dtype=pd, rngs=rngs),
         path,
         lambda source: pi0_rows(source, tied),
@@ -211,9 +211,15 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None, **rl) -> Pi0:
 def convert(src, out_dir, dtype="auto", **rl) -> Path:
     """``PI0ForConditionalGeneration`` directory ``src`` -> converted directory ``out_dir``;
     RL heads asked for in ``rl`` are initialised fresh and recorded in its config.json."""
+    return convert_flow_model(from_pretrained, src, out_dir, dtype, **rl)
+
+
+def convert_flow_model(from_pretrained_fn, src, out_dir, dtype="auto", **rl) -> Path:
+    """Convert with ``from_pretrained_fn(src, dtype=..., **rl)`` and save, recording the RL
+    heads asked for in the written config.json (pi0's and pi0.5's converters)."""
     store.check_empty(out_dir)
     hf = read_hf_config(src)
-    model = from_pretrained(src, dtype=store.resolve_dtype(hf, dtype), **rl)
+    model = from_pretrained_fn(src, dtype=store.resolve_dtype(hf, dtype), **rl)
     c = model.config
     heads = {"value_hidden": c.value_hidden, "noise_hidden": c.noise_hidden, "noise_std_range": c.noise_std_range}
     recorded = {k: list(v) for k, v in heads.items()} if (c.value_hidden or c.noise_hidden) else None
@@ -233,9 +239,11 @@ def load(path, dtype=None) -> Pi0:
 __all__ = [
     "GEMMA_ROWS",
     "convert",
+    "convert_flow_model",
     "convert_paligemma",
     "from_pretrained",
     "load",
+    "load_flow_model",
     "load_paligemma",
     "paligemma_from_pretrained",
     "paligemma_rows",

@@ -80,6 +80,7 @@ class LMConfig:
     mlp_bias: bool = False  # llama only
     qk_norm: bool = False  # qwen3: RMSNorm on each query / key head before RoPE
     max_position_embeddings: int = 2048
+    adarms_cond_dim: int = 0  # > 0: adaptive RMSNorms conditioned on a vector of this width (pi0.5's expert)
     hf_extra: tuple[tuple[str, Any], ...] = ()  # other config.json keys, written back on export
 
     def __post_init__(self):
@@ -143,7 +144,7 @@ class LMConfig:
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
             "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
             "max_position_embeddings", "architectures", "dtype", "torch_dtype", "transformers_version",
-            "hidden_act", "hidden_activation",
+            "hidden_act", "hidden_activation", "use_adarms", "adarms_cond_dim",
         }
         extra = tuple(sorted((k, v) for k, v in hf.items() if k not in known))
         return cls(
@@ -163,6 +164,8 @@ class LMConfig:
             mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
             qk_norm=model_type == "qwen3",
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            # openpi's patched Gemma (pi0.5's expert): use_adarms with the conditioning width.
+            adarms_cond_dim=int(hf.get("adarms_cond_dim") or 0) if hf.get("use_adarms") else 0,
             hf_extra=_freeze(extra),
         )
 
@@ -199,6 +202,8 @@ class LMConfig:
             out["attention_bias"] = self.attention_bias
         if self.model_type == "llama":
             out["mlp_bias"] = self.mlp_bias
+        if self.adarms_cond_dim:
+            out.update(use_adarms=True, adarms_cond_dim=self.adarms_cond_dim)
         return out
 
 

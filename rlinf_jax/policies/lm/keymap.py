@@ -54,6 +54,13 @@ KEY_MAP: tuple[Row, ...] = (
     Row("model.layers.{layer}.mlp.{proj}_proj.weight", "layers.{layer}.mlp.{proj}_proj.kernel", "T"),
     Row("model.layers.{layer}.mlp.{proj}_proj.bias", "layers.{layer}.mlp.{proj}_proj.bias"),
     Row("model.norm.weight", "final_norm.scale"),
+    # Adaptive norms (openpi's patched Gemma, pi0.5's expert): a dense layer in place of the weight.
+    Row("model.layers.{layer}.input_layernorm.dense.weight", "layers.{layer}.attn_norm.dense.kernel", "T"),
+    Row("model.layers.{layer}.input_layernorm.dense.bias", "layers.{layer}.attn_norm.dense.bias"),
+    Row("model.layers.{layer}.post_attention_layernorm.dense.weight", "layers.{layer}.mlp_norm.dense.kernel", "T"),
+    Row("model.layers.{layer}.post_attention_layernorm.dense.bias", "layers.{layer}.mlp_norm.dense.bias"),
+    Row("model.norm.dense.weight", "final_norm.dense.kernel", "T"),
+    Row("model.norm.dense.bias", "final_norm.dense.bias"),
     Row("lm_head.weight", "lm_head.kernel", "T"),
 )
 

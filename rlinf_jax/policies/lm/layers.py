@@ -69,6 +69,44 @@ class RMSNorm(nnx.Module):
         return (normed * (1.0 + scale if self.unit_offset else scale)).astype(self.dtype)
 
 
+class AdaRMSNorm(nnx.Module):
+    """Adaptive RMSNorm (pi0.5's action expert): ``x / rms(x) * (1 + scale) + shift``, where
+    ``scale, shift, gate = dense(cond)`` come from a per-row conditioning vector (the flow
+    time's embedding) instead of a learned weight. ``gate`` multiplies the branch that the
+    normalised input feeds before it joins the residual stream (`Block`).
+
+    The dense kernel starts at zero, as openpi's does, so a fresh model's blocks start as the
+    identity (gate 0) and learn to open; converted checkpoints overwrite it.
+    """
+
+    def __init__(self, size, cond_dim, *, eps, dtype, param_dtype, rngs):
+        self.eps = eps
+        self.dtype = dtype
+        self.size = size
+        self.dense = Dense(cond_dim, 3 * size, (None, "norm"), use_bias=True, dtype=jnp.float32,
+                           param_dtype=param_dtype, rngs=rngs)
+        self.dense.kernel.set_value(jnp.zeros_like(self.dense.kernel.get_value()))
+
+    def __call__(self, x: jax.Array, cond: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``x [B*T, size]``, ``cond [B, cond_dim]`` -> (normalised ``[B*T, size]``, gate
+        ``[B, size]`` float32)."""
+        B = cond.shape[0]
+        x32 = x.astype(jnp.float32).reshape(B, -1, self.size)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        scale, shift, gate = jnp.split(self.dense(cond.astype(jnp.float32)), 3, axis=-1)
+        out = normed * (1.0 + scale[:, None]) + shift[:, None]
+        return out.reshape(x.shape).astype(self.dtype), gate
+
+
+def gated(branch: jax.Array, gate: jax.Array | None) -> jax.Array:
+    """``branch [B*T, E]`` times the per-row ``gate [B, E]`` of an `AdaRMSNorm` (``branch``
+    itself when there is no gate)."""
+    if gate is None:
+        return branch
+    B, E = gate.shape
+    return (branch.reshape(B, -1, E) * gate[:, None].astype(branch.dtype)).reshape(branch.shape)
+
+
 class Embed(nnx.Module):
     """Token embedding table ``[vocab, embed]``; also the output projection when tied.
 

@@ -24,7 +24,7 @@ from rlinf_jax.errors import BadInput
 from rlinf_jax.kernels import mkl
 from rlinf_jax.policies.lm.attention import Attention, KVCache, attention_mask_3d
 from rlinf_jax.policies.lm.config import LMConfig
-from rlinf_jax.policies.lm.layers import Dense, Embed, RMSNorm, rope_tables
+from rlinf_jax.policies.lm.layers import AdaRMSNorm, Dense, Embed, RMSNorm, gated, rope_tables
 from rlinf_jax.policies.lm.layout import stack_flat, stack_variables, unstack_flat
 
 # What each decoder block keeps of its forward pass for the backward pass (``jax.checkpoint``):
@@ -106,24 +106,43 @@ def _swiglu_bwd(residuals, dh):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+def make_norm(config: LMConfig, **kw):
+    """The model's RMSNorm, or an `AdaRMSNorm` when ``config.adarms_cond_dim`` is set."""
+    if config.adarms_cond_dim:
+        return AdaRMSNorm(config.hidden_size, config.adarms_cond_dim, eps=config.rms_norm_eps, **kw)
+    return RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
+
+
+def apply_norm(norm, h, cond):
+    """(normalised ``h``, residual gate or None) for either kind of norm."""
+    if isinstance(norm, AdaRMSNorm):
+        if cond is None:
+            raise BadInput("this model's norms are adaptive (adarms_cond_dim is set): pass cond=")
+        return norm(h, cond)
+    return norm(h), None
+
+
 class Block(nnx.Module):
     def __init__(self, config: LMConfig, *, dtype, param_dtype, rngs, matmul="xla"):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        norm = {"eps": config.rms_norm_eps, "unit_offset": config.is_gemma, **kw}
-        self.attn_norm = RMSNorm(config.hidden_size, **norm)
+        self.attn_norm = make_norm(config, **kw)
         self.attn = Attention(config, matmul=matmul, **kw)
-        self.mlp_norm = RMSNorm(config.hidden_size, **norm)
+        self.mlp_norm = make_norm(config, **kw)
         self.mlp = MLP(config, matmul=matmul, **kw)
 
-    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None, layer=None):
+    def __call__(self, h, batch, length, rope, mask, kv=None, cache_index=None, query_cols=None, layer=None,
+                 cond=None):
         """``h [B*T, embed]`` -> ``[B*Q, embed]``: ``Q = T``, or the columns ``query_cols``
-        names (``(start, Q)``; ``layer``: ``kv`` is the stacked cache, see `Attention`)."""
-        a, new_kv = self.attn(self.attn_norm(h), batch, length, rope, mask, kv, cache_index, query_cols, layer)
+        names (``(start, Q)``; ``layer``: ``kv`` is the stacked cache, see `Attention`).
+        ``cond [B, C]`` conditions adaptive norms, whose gates scale each branch."""
+        x, gate = apply_norm(self.attn_norm, h, cond)
+        a, new_kv = self.attn(x, batch, length, rope, mask, kv, cache_index, query_cols, layer)
         if query_cols is not None:
             start, n = query_cols
             h = h.reshape(batch, length, -1)[:, start : start + n].reshape(batch * n, -1)
-        h = h + a
-        h = h + self.mlp(self.mlp_norm(h))
+        h = h + gated(a, gate)
+        x, gate = apply_norm(self.mlp_norm, h, cond)
+        h = h + gated(self.mlp(x), gate)
         return h, new_kv
 
 
@@ -177,7 +196,7 @@ class CausalLM(nnx.Module):
             self.layers = nnx.merge(graphdef, stack_variables([nnx.state(b) for b in blocks]))
         else:
             self.layers = nnx.List(blocks)
-        self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
+        self.final_norm = make_norm(config, **kw)
         if config.tie_word_embeddings or not token_embeddings:
             self.lm_head = None
         else:
@@ -200,6 +219,7 @@ class CausalLM(nnx.Module):
         inputs_embeds=None,
         mask=None,
         output_cols=None,
+        cond=None,
     ):
         """Final-norm hidden states ``[B, T, embed]`` (and the new cache when ``cache`` is given).
 
@@ -219,6 +239,9 @@ class CausalLM(nnx.Module):
         followed by embedded text) instead of ``input_ids``, and a full ``mask [B, T, S]``
         (query may see key) where the causal one does not fit: bidirectional prefixes or
         action slots. ``attention_mask`` still decides positions and which keys are real.
+
+        ``cond [B, adarms_cond_dim]`` is the conditioning of a model with adaptive norms
+        (`AdaRMSNorm`: pi0.5's action expert, conditioned on the flow time).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -257,7 +280,7 @@ class CausalLM(nnx.Module):
             output_cols = (int(output_cols[0]), int(output_cols[1]))
             if output_cols[0] < 0 or output_cols[1] < 1 or sum(output_cols) > T:
                 raise ValueError(f"output_cols={output_cols} must lie inside the {T} input columns")
-        ctx = {"batch": B, "length": T, "rope": rope, "mask": mask, "cache_index": cache_index}
+        ctx = {"batch": B, "length": T, "rope": rope, "mask": mask, "cache_index": cache_index, "cond": cond}
         if self.scan_layers:
             h, new_cache = self._scanned_layers(h, cache, ctx)
             if output_cols is not None:
@@ -268,17 +291,19 @@ class CausalLM(nnx.Module):
                 h = h.reshape(B, T, -1)[:, start : start + n].reshape(B * n, -1)
         else:
             h, new_cache = self._unrolled_layers(h, cache, ctx, output_cols)
-        h = self.final_norm(h).reshape(B, T if output_cols is None else output_cols[1], -1)
+        h = apply_norm(self.final_norm, h, cond)[0].reshape(B, T if output_cols is None else output_cols[1], -1)
         if cache is None:
             return h
         return h, new_cache
 
-    def _block(self, graphdef, *, batch, length, rope, mask, cache_index, query_cols=None, prevent_cse=True):
+    def _block(self, graphdef, *, batch, length, rope, mask, cache_index, cond=None, query_cols=None,
+               prevent_cse=True):
         """``(block state, h, kv, layer=None) -> (h, new kv)``: a block of structure ``graphdef``
         under the model's remat policy."""
 
         def apply(state, h, kv, layer=None):
-            return nnx.merge(graphdef, state)(h, batch, length, rope, mask, kv, cache_index, query_cols, layer)
+            return nnx.merge(graphdef, state)(h, batch, length, rope, mask, kv, cache_index, query_cols, layer,
+                                              cond=cond)
 
         return checkpointed(apply, self.remat, prevent_cse)
 

@@ -27,21 +27,19 @@ Shapes: ``B`` batch, ``P`` prefix tokens, ``H`` = ``chunk_size``, ``A`` = ``max_
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies.lm.attention import KVCache
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense
 from rlinf_jax.policies.lm.model import CausalLM
-from rlinf_jax.policies.vla import flow_steps
+from rlinf_jax.policies.vla.flow_model import FlowModel, FlowSample, MLPHead, Prefix, time_embedding
 from rlinf_jax.policies.vla.paligemma import PaliGemma, PaliGemmaConfig
+
+__all__ = ["FlowSample", "Pi0", "Pi0Config", "Prefix", "time_embedding"]
 
 # transformers' PI0Config defaults for the action expert (openpi's gemma_300m).
 _EXPERT_DEFAULTS = {
@@ -103,51 +101,7 @@ class Pi0Config:
         return cls(paligemma, LMConfig.from_hf_config(expert), **fields, **rl)
 
 
-class Prefix(NamedTuple):
-    """The prefix, encoded once per observation."""
-
-    cache: KVCache  # P + 1 + H slots per row; slots 0..P-1 filled
-    mask: jax.Array  # [B, P] bool: real prefix tokens
-
-
-class FlowSample(NamedTuple):
-    actions: jax.Array  # [B, H, A] the chain's end, x at t = 0
-    chain: jax.Array  # [B, N + 1, H, A] x_0 = noise, ..., x_N = actions
-    stochastic_step: jax.Array  # [B] int32: flow-SDE's random step; -1 for flow-noise (all steps)
-    logprob: jax.Array  # [B, H, A] float32 per-element log-density of the stochastic steps
-    value: jax.Array  # [B] float32 (zeros without a value head)
-
-
-class MLPHead(nnx.Module):
-    """``Dense -> act -> ... -> Dense`` on ``[tokens, in]`` activations."""
-
-    def __init__(self, sizes: tuple[int, ...], activation, *, dtype, param_dtype, rngs):
-        kw = {"use_bias": True, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.sizes = tuple(sizes)
-        self.activation = activation
-        self.layers = nnx.List([Dense(i, o, (None, None), **kw) for i, o in itertools.pairwise(sizes)])
-
-    def __call__(self, x):
-        for layer in self.layers[:-1]:
-            x = self.activation(layer(x))
-        return self.layers[-1](x)
-
-
-def time_embedding(t: jax.Array, width: int, min_period: float, max_period: float) -> jax.Array:
-    """``[sin(2 pi t / period), cos(2 pi t / period)]`` over ``width // 2`` periods spaced
-    geometrically in ``[min_period, max_period]``; ``t [B]`` -> ``[B, width]`` float32.
-
-    The frequencies are computed in float32 as openpi computes them (the weights were trained
-    with these roundings); the highest is ~1571, where one float32 step is 1.2e-4.
-    """
-    fraction = jnp.linspace(0.0, 1.0, width // 2, dtype=jnp.float32)
-    period = min_period * (max_period / min_period) ** fraction
-    freq = 1.0 / period * 2 * jnp.pi
-    angle = freq[None, :] * t.astype(jnp.float32)[:, None]
-    return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
-
-
-class Pi0(nnx.Module):
+class Pi0(FlowModel):
     """pi0 (``PI0ForConditionalGeneration``) plus optional RL heads; see the module docstring."""
 
     def __init__(self, config: Pi0Config, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
@@ -156,6 +110,7 @@ class Pi0(nnx.Module):
         kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
         self.config = config
         self.dtype = dtype
+        self.suffix_length = 1 + config.chunk_size  # the state token and the actions
         c, E = config, config.expert.hidden_size
         # ``scan_layers`` / ``remat``: every tower's and LM's blocks under lax.scan and a
         # rematerialisation policy (see `CausalLM`); a scanned prefix's KV cache is stacked,
@@ -176,29 +131,6 @@ class Pi0(nnx.Module):
             MLPHead((E, *c.noise_hidden, c.max_action_dim), jnp.tanh, **kw) if c.noise_hidden else None
         )
 
-    # -- prefix ------------------------------------------------------------------------
-
-    def encode_prefix(self, input_ids, pixels, attention_mask, camera_mask=None) -> Prefix:
-        """Run the prefix once: ``input_ids / attention_mask [B, P]``, ``pixels [B, cameras, ...]``."""
-        B, P = input_ids.shape
-        S = P + 1 + self.config.chunk_size
-        valid = attention_mask.astype(bool)
-        embeds = self.paligemma.embed_prefix(input_ids, pixels, camera_mask)
-        key_valid = jnp.concatenate([valid, jnp.zeros((B, S - P), bool)], axis=1)
-        # Bidirectional over the prefix; positions 0-based counts of real tokens.
-        mask = jnp.broadcast_to((jnp.arange(S) < P)[None, None, :], (B, P, S))
-        positions = jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-        lm = self.paligemma.language_model
-        _, cache = lm.hidden_states(
-            attention_mask=key_valid,
-            positions=positions,
-            cache=lm.init_cache(B, S),
-            cache_index=0,
-            inputs_embeds=embeds,
-            mask=mask,
-        )
-        return Prefix(cache, valid)
-
     # -- suffix ------------------------------------------------------------------------
 
     def embed_suffix(self, state: jax.Array, x_t: jax.Array, t: jax.Array) -> jax.Array:
@@ -216,163 +148,14 @@ class Pi0(nnx.Module):
 
     def expert_hidden(self, prefix: Prefix, state, x_t, t) -> jax.Array:
         """The action expert's final-norm output ``[B, 1 + H, E]`` (state token first)."""
-        suffix = self.embed_suffix(state, x_t, t)
-        B, P = prefix.mask.shape
-        L = suffix.shape[1]
-        key_valid = jnp.concatenate([prefix.mask, jnp.ones((B, L), bool)], axis=1)
+        L = 1 + self.config.chunk_size
         # The state token (row 0) sees the prefix and itself; action tokens see everything.
         rows, cols = jnp.arange(L)[:, None], jnp.arange(L)[None, :]
-        suffix_mask = (rows >= 1) | (cols == 0)
-        mask = jnp.concatenate([jnp.ones((L, P), bool), suffix_mask], axis=1)
-        positions = jnp.sum(prefix.mask, axis=1, dtype=jnp.int32)[:, None] + jnp.arange(L, dtype=jnp.int32)
-        hidden, _ = self.expert.hidden_states(
-            attention_mask=key_valid,
-            positions=positions,
-            cache=prefix.cache,
-            cache_index=P,
-            inputs_embeds=suffix,
-            mask=jnp.broadcast_to(mask[None], (B, L, P + L)),
-        )
-        return hidden
+        return self.run_expert(prefix, self.embed_suffix(state, x_t, t), (rows >= 1) | (cols == 0))
 
-    def _heads(self, hidden: jax.Array):
-        """(velocity [B, H, A], noise std [B, H, A] or None, value [B]) from expert outputs."""
-        B, L, E = hidden.shape
-        actions = hidden[:, 1:].reshape(B * (L - 1), E)
-        v = self.action_out_proj(actions).reshape(B, L - 1, -1).astype(jnp.float32)
-        std = None
-        if self.noise_head is not None:
-            lo, hi = (2 * np.log(s) for s in self.config.noise_std_range)  # log-variance bounds
-            squashed = jnp.tanh(self.noise_head(actions).astype(jnp.float32)).reshape(v.shape)
-            std = jnp.exp(0.5 * (lo + (hi - lo) * (squashed + 1) / 2))
-        value = jnp.zeros((B,), jnp.float32)
-        if self.value_head is not None:
-            value = self.value_head(hidden[:, 0]).astype(jnp.float32)[:, 0]
-        return v, std, value
-
-    def velocity(self, prefix: Prefix, state, x_t, t) -> jax.Array:
-        """The velocity field ``v(x_t, t) [B, H, A]`` (float32)."""
-        return self._heads(self.expert_hidden(prefix, state, x_t, t))[0]
-
-    def value(self, prefix: Prefix, state) -> jax.Array:
-        """``[B]`` value of the observation (the state token does not see the actions)."""
-        B = state.shape[0]
-        x = jnp.zeros((B, self.config.chunk_size, self.config.max_action_dim), jnp.float32)
-        return self._heads(self.expert_hidden(prefix, state, x, jnp.ones((B,), jnp.float32)))[2]
-
-    # -- sampling ----------------------------------------------------------------------
-
-    def sample_actions(self, prefix: Prefix, state, noise, num_steps: int | None = None) -> jax.Array:
-        """Deterministic Euler integration from ``noise [B, H, A]`` at t = 1 to t = 0."""
-        N = num_steps or self.config.num_steps
-        B = noise.shape[0]
-        dt = np.float32(-1.0 / N)
-
-        def step(x, t):
-            return x + dt * self.velocity(prefix, state, x, jnp.full((B,), t)), None
-
-        x, _ = jax.lax.scan(step, noise.astype(jnp.float32), flow_steps.step_times(N))
-        return x
-
-    def sample_with_logprob(
-        self,
-        prefix: Prefix,
-        state,
-        key,
-        *,
-        method: str = flow_steps.FLOW_SDE,
-        num_steps: int | None = None,
-        noise_level: float = 0.5,
-        noise=None,
-        stochastic_step=None,
-    ) -> FlowSample:
-        """A stochastic denoising chain with the log-density of its stochastic steps.
-
-        flow-SDE: step ``stochastic_step [B]`` (uniform in ``0..N-1`` when not given) follows
-        the SDE with ``noise_level``; the other steps are Euler steps. flow-noise: every step
-        adds the noise head's std. ``noise`` is the chain's start (drawn when not given).
-        """
-        c = self.config
-        N = num_steps or c.num_steps
-        B = state.shape[0]
-        shape = (B, c.chunk_size, c.max_action_dim)
-        k_noise, k_step, k_eps = jax.random.split(key, 3)
-        x0 = jax.random.normal(k_noise, shape, jnp.float32) if noise is None else noise.astype(jnp.float32)
-        if method == flow_steps.FLOW_SDE:
-            if stochastic_step is None:
-                stochastic_step = jax.random.randint(k_step, (B,), 0, N)
-            stochastic_step = jnp.asarray(stochastic_step, jnp.int32)
-        elif method == flow_steps.FLOW_NOISE:
-            self._require_noise_head()
-            stochastic_step = jnp.full((B,), -1, jnp.int32)
-        else:
-            raise BadInput(f"method={method!r} is not one of {', '.join(flow_steps.METHODS)}")
-        times, sigmas = flow_steps.step_times(N), flow_steps.sde_sigmas(N, noise_level)
-        eps = jax.random.normal(k_eps, (N, *shape), jnp.float32)
-
-        def step(x, inputs):
-            k, t, sigma, e = inputs
-            mean, std, value = self._step_moments(prefix, state, x, k, t, sigma, stochastic_step, N, method)
-            x_next = mean + std * e
-            return x_next, (x_next, flow_steps.gaussian_logprob(x_next, mean, std), value)
-
-        xs = (jnp.arange(N), times, sigmas, eps)
-        x, (chain, logps, values) = jax.lax.scan(step, x0, xs)
-        chain = jnp.concatenate([x0[:, None], jnp.moveaxis(chain, 0, 1)], axis=1)
-        return FlowSample(x, chain, stochastic_step, logps.sum(0), values[0])
-
-    def chain_logprob(
-        self, prefix: Prefix, state, chain, stochastic_step, *, method: str = flow_steps.FLOW_SDE, noise_level=0.5
-    ) -> tuple[jax.Array, jax.Array]:
-        """(log-prob ``[B, H, A]``, value ``[B]``) of a stored ``chain [B, N + 1, H, A]`` under
-        the current parameters: one expert pass for flow-SDE (its stochastic step), N for
-        flow-noise. Same numbers as ``sample_with_logprob`` gave for the same parameters."""
-        N = chain.shape[1] - 1
-        times, sigmas = flow_steps.step_times(N), flow_steps.sde_sigmas(N, noise_level)
-        if method == flow_steps.FLOW_SDE:
-            k = jnp.asarray(stochastic_step, jnp.int32)
-            x = jnp.take_along_axis(chain, k[:, None, None, None], axis=1)[:, 0]
-            x_next = jnp.take_along_axis(chain, k[:, None, None, None] + 1, axis=1)[:, 0]
-            t, sigma = jnp.asarray(times)[k], jnp.asarray(sigmas)[k]
-            mean, std, value = self._step_moments(prefix, state, x, k, t, sigma, k, N, method)
-            return flow_steps.gaussian_logprob(x_next, mean, std), value
-        if method != flow_steps.FLOW_NOISE:
-            raise BadInput(f"method={method!r} is not one of {', '.join(flow_steps.METHODS)}")
-        self._require_noise_head()
-
-        def step(total, inputs):
-            k, t, x, x_next = inputs
-            mean, std, value = self._step_moments(prefix, state, x, k, t, 0.0, None, N, method)
-            return total + flow_steps.gaussian_logprob(x_next, mean, std), value
-
-        steps = jnp.moveaxis(chain, 1, 0)
-        total, values = jax.lax.scan(
-            step, jnp.zeros(chain[:, 0].shape, jnp.float32), (jnp.arange(N), times, steps[:-1], steps[1:])
-        )
-        return total, values[0]
-
-    def _step_moments(self, prefix, state, x, k, t, sigma, stochastic_step, N, method):
-        """(mean, std, value) of denoising step ``k`` at time ``t`` from ``x [B, H, A]``;
-        ``t``, ``sigma`` scalars or ``[B]``."""
-        B = x.shape[0]
-        t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (B,))
-        v, noise_std, value = self._heads(self.expert_hidden(prefix, state, x, t))
-        delta = np.float32(1.0 / N)
-        if method == flow_steps.FLOW_SDE:
-            chosen = stochastic_step == k
-            sigma = jnp.where(chosen, jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (B,)), 0.0)
-            return (*flow_steps.sde_step(x, v, t[:, None, None], delta, sigma[:, None, None]), value)
-        return x.astype(jnp.float32) - delta * v, noise_std, value
-
-    def _require_noise_head(self):
-        if self.noise_head is None:
-            raise BadInput("flow-noise needs a noise head: build the model with noise_hidden=(...) in Pi0Config")
-
-    # -- training ----------------------------------------------------------------------
-
-    def flow_matching_loss(self, prefix: Prefix, state, actions, noise, t) -> jax.Array:
-        """Per-element squared error ``[B, H, A]`` of the velocity at
-        ``x_t = t * noise + (1 - t) * actions`` against ``noise - actions`` (``t [B]``)."""
-        t3 = t.astype(jnp.float32)[:, None, None]
-        x_t = t3 * noise + (1 - t3) * actions
-        return jnp.square(self.velocity(prefix, state, x_t, t) - (noise - actions))
+    def outputs(self, prefix: Prefix, state, x_t, t):
+        """(velocity, noise std or None, value): the actions' outputs through the heads, the
+        value head on the state token's."""
+        hidden = self.expert_hidden(prefix, state, x_t, t)
+        v, std = self.action_heads(hidden[:, 1:])
+        return v, std, self.value_of(hidden[:, 0])
