@@ -1,6 +1,8 @@
-"""pi0 as an embodied policy (actor.model.kind=pi0): the rollout's chunk log-prob, the
-trainer's re-scored one and a numpy Gaussian density of the stored chain agree; each env's
-sample depends on its own key alone; the stored chain survives the trainer's reshapes.
+"""pi0 and pi0.5 as embodied policies (actor.model.kind=pi0 / pi05): the rollout's chunk
+log-prob, the trainer's re-scored one and a numpy Gaussian density of the stored chain
+agree; each env's sample depends on its own key alone; the stored chain survives the
+trainer's reshapes; pi0.5 reads the proprioception from its prompt's state tokens, and one
+PPO iteration is the same in every layout.
 
 The hand references take only the network's velocity (and flow-noise's std head) from the
 model, at the chain's stored states, and rebuild every denoising step's mean, std,
@@ -42,10 +44,10 @@ class Jitted:
     """The policy's functions jitted over the model's parameters, plus the raw network
     outputs (velocity, flow-noise std) the hand references start from."""
 
-    def __init__(self, method: str):
+    def __init__(self, method: str, kind: str = "pi0"):
         from rlinf_jax.policies.embodied import embodied_policy
 
-        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}"])
+        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}", f"actor.model.kind={kind}"])
         self.policy = policy = embodied_policy(cfg, make_env(cfg.env))
         self.noise_level = cfg.actor.model.pi0.noise_level
         graphdef, self.params = nnx.split(policy.build(nnx.Rngs(0)))
@@ -68,9 +70,9 @@ class Jitted:
         return np.asarray(v, np.float64), np.asarray(std, np.float64)
 
 
-@pytest.fixture(scope="module")
-def sde():
-    return Jitted("flow_sde")
+@pytest.fixture(scope="module", params=["pi0", "pi05"])
+def sde(request):
+    return Jitted("flow_sde", request.param)
 
 
 def _gauss(x, mean, std):
@@ -130,8 +132,9 @@ def test_each_env_sample_depends_only_on_its_own_key(sde):
     assert float(jnp.abs(batch["chain"][0, 0] - batch["chain"][1, 0]).max()) > 0.1
 
 
-def test_flow_noise_logprob_sums_hand_densities_over_every_step():
-    noise = Jitted("flow_noise")
+@pytest.mark.parametrize("kind", ["pi0", "pi05"])
+def test_flow_noise_logprob_sums_hand_densities_over_every_step(kind):
+    noise = Jitted("flow_noise", kind)
     obs = _obs(batch=3, seed=1)
     keys = jax.random.split(jax.random.PRNGKey(11), 3)
     _, stored, logprob = noise.act(noise.params, obs, keys)
@@ -211,3 +214,40 @@ def test_one_fused_ppo_iteration_rescores_the_stored_chains():
     after = jax.device_get(trainer.snapshot(state)).params
     moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
     assert moved > 0.0
+
+
+def test_pi05_reads_the_proprioception_from_its_prompt(sde):
+    """pi0.5's prompt ends with one token per proprio dimension, its 256-bin index over the
+    env's range; its actions and value follow the proprioception through them alone."""
+    if sde.policy.config.__class__.__name__ != "Pi05Config":
+        pytest.skip("pi0 has a state token, not state tokens")
+    from rlinf_jax.envs.tabletop import scene
+
+    policy, obs = sde.policy, _obs()
+    ids, mask, _ = policy.prompt(obs)
+    low, high = np.append(scene.EE_LOW, 0.0), np.append(scene.EE_HIGH, 1.0)
+    scaled = 2 * (np.asarray(obs["proprio"], np.float64) - low) / (high - low) - 1
+    bins = np.clip(np.digitize(scaled, np.linspace(-1, 1, 257)[:-1]) - 1, 0, 255)
+    np.testing.assert_array_equal(np.asarray(ids[:, -4:]), policy.state_token_base + bins)
+    assert bool(mask[:, -4:].all()) and policy.state_token_base == policy.config.paligemma.image_token_id + 1
+    assert int(ids.max()) < policy.config.paligemma.text.vocab_size
+    # A fresh expert's adaptive norms start closed (zero gates: it reads nothing of the
+    # prefix yet), so the parameters are perturbed first, as training perturbs them.
+    leaves, treedef = jax.tree.flatten(sde.params)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+    params = jax.tree.unflatten(treedef, [p + 0.1 * jax.random.normal(k, p.shape, p.dtype)
+                                          for p, k in zip(leaves, keys)])
+    moved = {**obs, "proprio": obs["proprio"] + jnp.asarray([0.2, -0.15, 0.1, 0.5], jnp.float32)}
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, H, A)), jnp.float32)
+    v = [np.asarray(sde._heads(params, o, x, jnp.float32(0.5))[0]) for o in (obs, moved)]
+    assert np.abs(v[0] - v[1]).max() > 1e-3
+    assert float(jnp.abs(sde.critic(params, obs) - sde.critic(params, moved)).max()) > 0
+    assert np.abs(np.asarray(sde._heads(sde.params, obs, x, jnp.float32(0.5))[0])).max() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.devices(2)
+def test_pi05_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
+    from tests.test_vla_flow import ppo_iteration_in_each_layout
+
+    ppo_iteration_in_each_layout("ppo_pi0_tabletop", [*TINY_PI0, "actor.model.kind=pi05"])

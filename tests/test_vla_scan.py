@@ -1,5 +1,5 @@
 """The VLA families' scanned layer stacks and rematerialisation (`actor.model.scan_layers` and
-`actor.model.remat` for kind=vla and pi0: the vision towers' and the language models' blocks
+`actor.model.remat` for kind=vla, pi0 and pi05: the vision towers' and the language models' blocks
 under lax.scan and a checkpoint policy, as `CausalLM`'s): the same seed gives the same
 policy as the unrolled blocks in every call PPO makes, and the same gradients with fewer
 buffers kept for the backward pass."""
@@ -44,7 +44,7 @@ def _run(recipe: str, scan: bool, remat: str = "none"):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ppo_vla_tabletop", "ppo_pi0_tabletop"])
+@pytest.mark.parametrize("recipe", ["ppo_vla_tabletop", "ppo_pi0_tabletop", "ppo_pi05_tabletop"])
 def test_a_scanned_and_rematerialised_vla_is_the_unrolled_one(recipe):
     unrolled, scanned, remat = _run(recipe, False), _run(recipe, True), _run(recipe, True, "full")
     assert scanned["params"] == unrolled["params"]

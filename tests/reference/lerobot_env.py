@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path("~/.cache/rlinf_jax/lerobot-venv").expanduser()
-REQUIREMENTS = ["lerobot==0.4.4", "torch==2.10.0", "torchvision==0.25.0", "numpy<2.3", "safetensors"]
-TRANSFORMERS = ["transformers==4.53.3", "transformers-openpi==4.53.3"]
+REQUIREMENTS = ["lerobot==0.4.4", "torch==2.10.0", "torchvision==0.25.0", "transformers==4.53.3", "numpy<2.3",
+                "safetensors"]
+OPENPI_PATCH = "transformers-openpi==4.53.3"  # openpi's transformers_replace files, as a wheel
 
 
 def python(build: bool = True) -> str | None:
@@ -42,9 +43,8 @@ def python(build: bool = True) -> str | None:
 
         subprocess.run([sys.executable, "-m", "venv", str(ROOT)], check=True)
         run(*REQUIREMENTS)
-        run("--no-deps", TRANSFORMERS[0])
-        run("--no-deps", "--force-reinstall", TRANSFORMERS[1])
-    ready.write_text("\n".join(REQUIREMENTS + TRANSFORMERS) + "\n")
+        run("--no-deps", "--force-reinstall", OPENPI_PATCH)
+    ready.write_text("\n".join([*REQUIREMENTS, OPENPI_PATCH]) + "\n")
     return str(interpreter)
 
 

@@ -26,6 +26,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from mujoco import mjx
 
 from rlinf_jax.envs.base import EnvState
@@ -88,6 +89,10 @@ class TabletopEnv:
         self.observation_size = self.observation_shapes
         # Ids the instruction tokens take: what a policy's embedding table must hold.
         self.vocab_size = language.vocab_size()
+        # Where each proprio dimension lies (end-effector workspace, gripper 0..1): for a
+        # policy that normalises the state to [-1, 1] (pi0.5 writes it into its prompt).
+        self.proprio_range = (np.append(scene.EE_LOW, 0.0).astype(np.float32),
+                              np.append(scene.EE_HIGH, 1.0).astype(np.float32))
         self.model = mjx.put_model(scene.mj_model())
         self.rays = jnp.asarray(scene.camera_rays(c.image_size))
         key = dataclasses.replace(c, split="train", num_envs=1, group_size=1)

@@ -54,7 +54,8 @@ PUBLISHED: dict[str, dict] = {
 # - openvla-7b: Prismatic's fused DINOv2-L/14 (with registers) + SigLIP so400m/14 towers at
 #   224 px and Llama 2 7B with its vocabulary padded by 64 rows (openvla/openvla-7b);
 # - pi0: PaliGemma 3B (SigLIP so400m/14 at 224 px, Gemma 2B) and the Gemma-300M action
-#   expert, chunks of 50 actions of up to 32 dimensions, 10 denoising steps (openpi's pi0).
+#   expert, chunks of 50 actions of up to 32 dimensions, 10 denoising steps (openpi's pi0);
+# - pi05: the same sizes with pi0.5's adaptive-norm expert and the state in the prompt.
 PUBLISHED_VLA: dict[str, dict] = {
     "openvla-7b": {
         "model_type": "openvla", "use_fused_vision_backbone": True,
@@ -76,6 +77,12 @@ PUBLISHED_VLA: dict[str, dict] = {
             "model_type": "gemma", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 18,
             "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
         },
+    },
+    # lerobot's PI05Config (openpi's variant names; `policies.vla.pi05` holds their sizes).
+    "pi05": {
+        "model_type": "pi05", "type": "pi05", "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
+        "chunk_size": 50, "max_state_dim": 32, "max_action_dim": 32, "num_inference_steps": 10,
+        "image_resolution": [224, 224],
     },
 }
 

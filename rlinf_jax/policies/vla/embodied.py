@@ -58,7 +58,8 @@ def published_vla(model_cfg, kind: str) -> dict:
     """The published ``config.json`` fields ``actor.model.architecture`` names for a policy of
     ``kind`` (`policies.lm.published.PUBLISHED_VLA`)."""
     name = model_cfg.architecture
-    known = [k for k, hf in PUBLISHED_VLA.items() if hf["model_type"] == {"vla": "openvla", "pi0": "pi0"}[kind]]
+    family = {"vla": "openvla", "pi0": "pi0", "pi05": "pi05"}[kind]
+    known = [k for k, hf in PUBLISHED_VLA.items() if hf["model_type"] == family]
     if name not in known:
         raise BadInput(
             f"actor.model.architecture={name!r} is not a published {kind} architecture this project knows; "

@@ -28,6 +28,8 @@ proprioception as pi0's state token.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,7 @@ from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.vla.embodied import check_image_size, published_vla, tabletop_spec, tower_config
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 from rlinf_jax.policies.vla.pi0 import Pi0, Pi0Config, Prefix
+from rlinf_jax.policies.vla.pi05 import STATE_BINS, Pi05, Pi05Config, discretize_state
 
 
 def pi0_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi0Config:
@@ -103,6 +106,9 @@ class Pi0Policy:
 
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
         self.config = pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
+        self._setup(model_cfg, chunk_length, action_size)
+
+    def _setup(self, model_cfg, chunk_length: int, action_size: int) -> None:
         self.chunk_length, self.action_size = chunk_length, action_size
         self.num_steps = int(model_cfg.pi0.num_steps)
         self.method = str(model_cfg.pi0.method)
@@ -148,10 +154,11 @@ class Pi0Policy:
         prefix, state = self.encode(model, obs)
         # A scanned model's cache is stacked [layers, B, ...]: its rows are on axis 1.
         b = 1 if self.scan_layers else 0
-        axes = Prefix(jax.tree.map(lambda _: b, prefix.cache), 0)
+        axes = Prefix(jax.tree.map(lambda _: b, prefix.cache), 0, 0)
 
         def one(prefix_row, state_row, key):
-            row = Prefix(jax.tree.map(lambda x: jnp.expand_dims(x, b), prefix_row.cache), prefix_row.mask[None])
+            row = Prefix(jax.tree.map(lambda x: jnp.expand_dims(x, b), prefix_row.cache), prefix_row.mask[None],
+                         prefix_row.pooled[None])
             out = model.sample_with_logprob(
                 row, state_row[None], key, method=self.method, num_steps=self.num_steps, noise_level=self.noise_level
             )
@@ -211,3 +218,67 @@ class Pi0Policy:
 def pi0_policy(cfg, env) -> Pi0Policy:
     image_size, vocab, chunk, proprio = tabletop_spec(env, "pi0", cfg.env.suite)
     return Pi0Policy(cfg.actor.model, image_size, vocab, chunk, env.action_size, proprio)
+
+
+# -- pi0.5 -------------------------------------------------------------------------------
+
+
+def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi05Config:
+    """pi0.5's model: the published sizes ``actor.model.architecture`` names (``pi05``), or
+    pi0's tiny sizes (`tiny_pi0_config`) with pi0.5's expert (adaptive norms) and a
+    vocabulary that also holds the image token and the state's 256 bins."""
+    m = model_cfg
+    value, noise = (1024,), (1024,) if m.pi0.method == flow_steps.FLOW_NOISE else ()
+    if m.architecture:
+        hf = {**published_vla(m, "pi05"), "chunk_size": chunk, "max_state_dim": state_dim,
+              "max_action_dim": action_dim, "num_inference_steps": m.pi0.num_steps}
+        config = Pi05Config.from_lerobot_config(hf, value_hidden=value, noise_hidden=noise)
+        check_image_size(m, config.paligemma.vision.image_size, image_size)
+        return config
+    pi0 = tiny_pi0_config(m, image_size, text_vocab, chunk, action_dim, state_dim)
+    vocab = text_vocab + 1 + STATE_BINS
+    text = dataclasses.replace(pi0.paligemma.text, vocab_size=vocab)
+    expert = dataclasses.replace(pi0.expert, vocab_size=vocab, adarms_cond_dim=pi0.expert.hidden_size)
+    return Pi05Config(
+        paligemma=PaliGemmaConfig(pi0.paligemma.vision, text, image_token_id=text_vocab),
+        expert=expert,
+        chunk_size=chunk,
+        max_state_dim=state_dim,
+        max_action_dim=action_dim,
+        num_steps=pi0.num_steps,
+        value_hidden=(text.hidden_size,),
+        noise_hidden=pi0.noise_hidden,
+    )
+
+
+class Pi05Policy(Pi0Policy):
+    """`Pi0Policy` over `pi05.Pi05`: the same chains, stored actions and losses; the prompt
+    ends with the proprioception as pi0.5 reads it, each dimension normalised to [-1, 1] by
+    the env's ``proprio_range`` and cut into 256 bins, one token per dimension (ids past the
+    image token). The model ignores the state argument the shared code passes."""
+
+    def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int,
+                 proprio_size: int, proprio_range=None):
+        self.config = pi05_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
+        self._setup(model_cfg, chunk_length, action_size)
+        self.state_token_base = self.config.paligemma.image_token_id + 1
+        low, high = proprio_range if proprio_range is not None else (-np.ones(proprio_size), np.ones(proprio_size))
+        self.proprio_low, self.proprio_high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+
+    def build(self, rngs: nnx.Rngs) -> Pi05:
+        return Pi05(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
+                    scan_layers=self.scan_layers, remat=self.remat)
+
+    def prompt(self, obs):
+        ids, mask, pixels = super().prompt(obs)
+        proprio = obs["proprio"].astype(jnp.float32)
+        scaled = 2.0 * (proprio - self.proprio_low) / (self.proprio_high - self.proprio_low) - 1.0
+        state = self.state_token_base + discretize_state(scaled)
+        ids = jnp.concatenate([ids, state], axis=1)
+        return ids, jnp.concatenate([mask, jnp.ones(state.shape, bool)], axis=1), pixels
+
+
+def pi05_policy(cfg, env) -> Pi05Policy:
+    image_size, vocab, chunk, proprio = tabletop_spec(env, "pi05", cfg.env.suite)
+    proprio_range = getattr(env.unwrapped, "proprio_range", None)
+    return Pi05Policy(cfg.actor.model, image_size, vocab, chunk, env.action_size, proprio, proprio_range)
