@@ -31,7 +31,7 @@ from rlinf_jax.policies import convert as registry
 from rlinf_jax.policies.convert import pi05 as pi05_convert
 from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.vla.flow_model import time_embedding
-from rlinf_jax.policies.vla.pi05 import Pi05Config, discretize_state
+from rlinf_jax.policies.vla.pi05 import Pi05, Pi05Config, discretize_state
 
 REFERENCE = Path(__file__).parent / "data" / "pi05_lerobot"
 SCRIPTS = Path(__file__).parent / "reference"
@@ -154,7 +154,12 @@ def test_bad_pi05_configs_are_named(change, message):
 
 
 def test_published_sizes_are_pi05s():
+    """The default config.json builds lerobot's PI05Pytorch parameter for parameter: 3,616,757,520
+    counted there (built on torch's meta device, tests/reference's environment), less the
+    263,323,648 of the expert's token head, which pi0.5 never reads and we do not build."""
     c = Pi05Config.from_lerobot_config({"type": "pi05"})
+    model = nnx.eval_shape(lambda: Pi05(c, rngs=nnx.Rngs(0)))
+    assert sum(v.get_value().size for _, v in nnx.to_flat_state(nnx.state(model))) == 3_616_757_520 - 263_323_648
     text, expert, vision = c.paligemma.text, c.expert, c.paligemma.vision
     assert (text.hidden_size, text.num_layers, text.intermediate_size, text.vocab_size) == (2048, 18, 16384, 257152)
     assert (expert.hidden_size, expert.intermediate_size, expert.adarms_cond_dim, expert.head_dim) == (1024, 4096,

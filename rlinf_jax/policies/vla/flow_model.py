@@ -29,7 +29,9 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.attention import KVCache
 from rlinf_jax.policies.lm.layers import Dense
+from rlinf_jax.policies.lm.model import CausalLM
 from rlinf_jax.policies.vla import flow_steps
+from rlinf_jax.policies.vla.paligemma import PaliGemma
 
 
 class Prefix(NamedTuple):
@@ -112,12 +114,46 @@ def exact_angles(t: jax.Array, periods: np.ndarray) -> jax.Array:
     return (turns - jnp.round(turns)) * np.float32(2 * np.pi)
 
 
+def check_flow_config(config) -> None:
+    """What pi0's and pi0.5's configs both need: an expert that can share the prefix's
+    attention layer by layer, an even width (the time embedding's sin / cos halves) and a
+    valid flow-noise std range."""
+    text, expert = config.paligemma.text, config.expert
+    for name in ("num_layers", "num_kv_heads", "head_dim"):
+        if getattr(text, name) != getattr(expert, name):
+            raise BadInput(
+                f"the action expert's {name}={getattr(expert, name)} differs from PaliGemma's "
+                f"{getattr(text, name)}; shared attention needs them equal"
+            )
+    if expert.hidden_size % 2:
+        raise BadInput(f"the action expert's hidden_size={expert.hidden_size} must be even (sin/cos halves)")
+    lo, hi = config.noise_std_range
+    if not 0 < lo <= hi:
+        raise BadInput(f"noise_std_range={config.noise_std_range} must satisfy 0 < min <= max")
+
+
 class FlowModel(nnx.Module):
     """Sampling, RL chains and the training loss over a subclass's ``outputs`` (module
     docstring). Subclasses set ``config`` (with ``chunk_size``, ``max_action_dim``,
     ``num_steps``, ``noise_std_range``), ``paligemma``, ``expert``, ``suffix_length`` (the
     expert's tokens per pass), ``action_out_proj``, ``noise_head`` and ``value_head``
     (either head may be None)."""
+
+    def _build_towers(self, config, *, scan_layers: bool, remat: str, **kw) -> None:
+        """PaliGemma and the action expert (no token table: it reads only embeddings).
+        ``scan_layers`` / ``remat``: every tower's and LM's blocks under lax.scan and a
+        rematerialisation policy (see `CausalLM`); a scanned prefix's KV cache is stacked,
+        as the expert's scanned layers read it."""
+        layout = {"scan_layers": scan_layers, "remat": remat}
+        self.paligemma = PaliGemma(config.paligemma, **layout, **kw)
+        self.expert = CausalLM(config.expert, token_embeddings=False, **layout, **kw)
+
+    def _build_rl_heads(self, config, value_width: int, **kw) -> None:
+        """The RL heads the config asks for: the value head on ``value_width`` features and
+        the flow-noise std head on the expert's action outputs (None where not asked)."""
+        E, A = config.expert.hidden_size, config.max_action_dim
+        self.value_head = MLPHead((value_width, *config.value_hidden, 1), jax.nn.gelu, **kw) if config.value_hidden else None
+        self.noise_head = MLPHead((E, *config.noise_hidden, A), jnp.tanh, **kw) if config.noise_hidden else None
 
     # -- the prefix and the expert over it ---------------------------------------------
 

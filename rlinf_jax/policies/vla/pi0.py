@@ -10,13 +10,8 @@ action tokens see everything; the prefix never sees the suffix, which is why its
 computed once and reused by all ``N`` denoising steps (transformers' ``PI0Model`` does the
 same with a cropped ``DynamicCache``; openpi with its two-expert Gemma).
 
-Flow convention (openpi / transformers): ``x_t = t * noise + (1 - t) * actions``, the
-expert's output projected to ``action_dim`` is the velocity ``noise - actions``, and
-sampling takes Euler steps ``x += -1/N * v`` from ``t = 1`` to ``0``.
-
-For RL (piRL, RLinf) ``sample_with_logprob`` makes the chain stochastic, by the flow-SDE
-(one random step) or by a learned noise head (flow-noise; ``flow_steps`` has the maths), and
-``chain_logprob`` re-evaluates a stored chain under new parameters. The value head reads the
+The flow convention, sampling, the RL chains (flow-SDE, flow-noise) and the loss are
+`FlowModel`'s (`policies.vla.flow_model`), shared with pi0.5. The value head reads the
 expert's output at the state token: that token attends only to the prefix and itself, so its
 value is a function of the observation alone, the same at every denoising step.
 
@@ -35,9 +30,8 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense
-from rlinf_jax.policies.lm.model import CausalLM
-from rlinf_jax.policies.vla.flow_model import FlowModel, FlowSample, MLPHead, Prefix, time_embedding
-from rlinf_jax.policies.vla.paligemma import PaliGemma, PaliGemmaConfig
+from rlinf_jax.policies.vla.flow_model import FlowModel, FlowSample, Prefix, check_flow_config, time_embedding
+from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 
 __all__ = ["FlowSample", "Pi0", "Pi0Config", "Prefix", "time_embedding"]
 
@@ -69,18 +63,7 @@ class Pi0Config:
     noise_std_range: tuple[float, float] = (0.08, 0.16)
 
     def __post_init__(self):
-        text, expert = self.paligemma.text, self.expert
-        for name in ("num_layers", "num_kv_heads", "head_dim"):
-            if getattr(text, name) != getattr(expert, name):
-                raise BadInput(
-                    f"the action expert's {name}={getattr(expert, name)} differs from PaliGemma's "
-                    f"{getattr(text, name)}; shared attention needs them equal"
-                )
-        if expert.hidden_size % 2:
-            raise BadInput(f"the action expert's hidden_size={expert.hidden_size} must be even (sin/cos halves)")
-        lo, hi = self.noise_std_range
-        if not 0 < lo <= hi:
-            raise BadInput(f"noise_std_range={self.noise_std_range} must satisfy 0 < min <= max")
+        check_flow_config(self)
 
     @classmethod
     def from_hf_config(cls, hf: dict, **rl) -> Pi0Config:
@@ -112,24 +95,14 @@ class Pi0(FlowModel):
         self.dtype = dtype
         self.suffix_length = 1 + config.chunk_size  # the state token and the actions
         c, E = config, config.expert.hidden_size
-        # ``scan_layers`` / ``remat``: every tower's and LM's blocks under lax.scan and a
-        # rematerialisation policy (see `CausalLM`); a scanned prefix's KV cache is stacked,
-        # as the expert's scanned layers read it.
-        layout = {"scan_layers": scan_layers, "remat": remat}
-        self.paligemma = PaliGemma(c.paligemma, **layout, **kw)
-        self.expert = CausalLM(c.expert, token_embeddings=False, **layout, **kw)
+        self._build_towers(c, scan_layers=scan_layers, remat=remat, **kw)
         dense = {"use_bias": True, **kw}
         self.state_proj = Dense(c.max_state_dim, E, (None, "embed"), **dense)
         self.action_in_proj = Dense(c.max_action_dim, E, (None, "embed"), **dense)
         self.action_time_mlp_in = Dense(2 * E, E, (None, "embed"), **dense)
         self.action_time_mlp_out = Dense(E, E, ("embed", None), **dense)
         self.action_out_proj = Dense(E, c.max_action_dim, ("embed", None), **dense)
-        self.value_head = (
-            MLPHead((E, *c.value_hidden, 1), jax.nn.gelu, **kw) if c.value_hidden else None
-        )
-        self.noise_head = (
-            MLPHead((E, *c.noise_hidden, c.max_action_dim), jnp.tanh, **kw) if c.noise_hidden else None
-        )
+        self._build_rl_heads(c, E, **kw)  # the value head reads the state token
 
     # -- suffix ------------------------------------------------------------------------
 

@@ -34,9 +34,8 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense
-from rlinf_jax.policies.lm.model import CausalLM
-from rlinf_jax.policies.vla.flow_model import FlowModel, MLPHead, Prefix, time_embedding
-from rlinf_jax.policies.vla.paligemma import PaliGemma, PaliGemmaConfig
+from rlinf_jax.policies.vla.flow_model import FlowModel, Prefix, check_flow_config, time_embedding
+from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 
 # openpi's Gemma variants, by the names a pi0.5 config.json gives (``paligemma_variant``,
 # ``action_expert_variant``).
@@ -102,23 +101,12 @@ class Pi05Config:
     noise_std_range: tuple[float, float] = (0.08, 0.16)
 
     def __post_init__(self):
-        text, expert = self.paligemma.text, self.expert
-        for name in ("num_layers", "num_kv_heads", "head_dim"):
-            if getattr(text, name) != getattr(expert, name):
-                raise BadInput(
-                    f"the action expert's {name}={getattr(expert, name)} differs from PaliGemma's "
-                    f"{getattr(text, name)}; shared attention needs them equal"
-                )
-        if expert.adarms_cond_dim != expert.hidden_size:
+        check_flow_config(self)
+        if self.expert.adarms_cond_dim != self.expert.hidden_size:
             raise BadInput(
                 f"pi0.5's action expert conditions its norms on the time embedding of its own width "
-                f"({expert.hidden_size}), not {expert.adarms_cond_dim}"
+                f"({self.expert.hidden_size}), not {self.expert.adarms_cond_dim}"
             )
-        if expert.hidden_size % 2:
-            raise BadInput(f"the action expert's hidden_size={expert.hidden_size} must be even (sin/cos halves)")
-        lo, hi = self.noise_std_range
-        if not 0 < lo <= hi:
-            raise BadInput(f"noise_std_range={self.noise_std_range} must satisfy 0 < min <= max")
 
     @classmethod
     def from_lerobot_config(cls, hf: dict, **rl) -> Pi05Config:
@@ -165,19 +153,14 @@ class Pi05(FlowModel):
         self.config = config
         self.dtype = dtype
         self.suffix_length = config.chunk_size  # the actions alone
-        c, E, D = config, config.expert.hidden_size, config.paligemma.text.hidden_size
-        layout = {"scan_layers": scan_layers, "remat": remat}
-        self.paligemma = PaliGemma(c.paligemma, **layout, **kw)
-        self.expert = CausalLM(c.expert, token_embeddings=False, **layout, **kw)
+        c, E = config, config.expert.hidden_size
+        self._build_towers(c, scan_layers=scan_layers, remat=remat, **kw)
         dense = {"use_bias": True, **kw}
         self.action_in_proj = Dense(c.max_action_dim, E, (None, "embed"), **dense)
         self.time_mlp_in = Dense(E, E, ("embed", None), **dense)
         self.time_mlp_out = Dense(E, E, (None, "embed"), **dense)
         self.action_out_proj = Dense(E, c.max_action_dim, ("embed", None), **dense)
-        self.value_head = MLPHead((D, *c.value_hidden, 1), jax.nn.gelu, **kw) if c.value_hidden else None
-        self.noise_head = (
-            MLPHead((E, *c.noise_hidden, c.max_action_dim), jnp.tanh, **kw) if c.noise_hidden else None
-        )
+        self._build_rl_heads(c, c.paligemma.text.hidden_size, **kw)  # the value head reads the pooled prefix
 
     def time_condition(self, t: jax.Array) -> jax.Array:
         """``t [B]`` -> the expert's norm conditioning ``[B, E]``."""
