@@ -320,7 +320,8 @@ def test_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
 
 def ppo_iteration_in_each_layout(recipe, overrides):
     """One PPO iteration of ``recipe`` fused (collocated), disaggregated (staged) and hybrid:
-    the same metrics, parameters and episode strip in each."""
+    the same metrics, parameters and episode strip in each. Returns each layout's (metrics,
+    parameter leaves)."""
     # Hybrid: env on device 0, rollout on device 1, the batch in 2 micro-batches streaming
     # between them (cached resets, which micro-batches can split), the actor on both.
     from rlinf_jax.flow.fused import Fused
@@ -335,6 +336,7 @@ def ppo_iteration_in_each_layout(recipe, overrides):
     for name, extra in layouts.items():
         trainer = build_trainer(load_config(recipe, [*overrides, "env.reset_mode=cached", *extra]))
         state = trainer.init()
+        before = jax.tree.leaves(jax.device_get(trainer.snapshot(state)).params)
         # The episode strip TensorBoard shows at evaluations, drawn in every layout.
         strips[name] = trainer.strip(state, jax.random.PRNGKey(3), 2)
         if isinstance(trainer, Fused):
@@ -342,6 +344,7 @@ def ppo_iteration_in_each_layout(recipe, overrides):
         else:
             state, sums = trainer.run_iterations(state, 1)
         out[name] = (trainer.summarize(sums, 1), jax.tree.leaves(jax.device_get(trainer.snapshot(state)).params))
+        assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(out[name][1], before)) > 0, name
     ref_metrics, ref_params = out["fused"]
     assert strips["fused"].ndim == 3 and strips["fused"].std() > 0
     assert abs(ref_metrics["train/approx_kl"]) > 0 or ref_metrics["train/total_loss"] != 0
@@ -352,6 +355,7 @@ def ppo_iteration_in_each_layout(recipe, overrides):
             np.testing.assert_allclose(metrics[key], value, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
         for a, b in zip(params, ref_params):
             np.testing.assert_allclose(np.ravel(a)[:64], np.ravel(b)[:64], rtol=1e-3, atol=2e-4, err_msg=name)
+    return out
 
 
 def _read_png(path):

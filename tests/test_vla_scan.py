@@ -44,7 +44,9 @@ def _run(recipe: str, scan: bool, remat: str = "none"):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["ppo_vla_tabletop", "ppo_pi0_tabletop", "ppo_pi05_tabletop"])
+# pi0.5 stands for both flow families: the towers, LMs and expert stacks are the same code,
+# and pi0.5's expert also carries its norms' condition through the scan.
+@pytest.mark.parametrize("recipe", ["ppo_vla_tabletop", "ppo_pi05_tabletop"])
 def test_a_scanned_and_rematerialised_vla_is_the_unrolled_one(recipe):
     unrolled, scanned, remat = _run(recipe, False), _run(recipe, True), _run(recipe, True, "full")
     assert scanned["params"] == unrolled["params"]
