@@ -29,6 +29,8 @@ from safetensors.numpy import load_file, save_file
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import convert as registry
 from rlinf_jax.policies.convert import pi05 as pi05_convert
+from rlinf_jax.policies.lm.config import LMConfig
+from rlinf_jax.policies.lm.model import CausalLM
 from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.vla.flow_model import time_embedding
 from rlinf_jax.policies.vla.pi05 import Pi05, Pi05Config, discretize_state
@@ -151,6 +153,25 @@ def test_bad_pi05_configs_are_named(change, message):
     hf = {**json.loads((REFERENCE / "config.json").read_text()), **change}
     with pytest.raises(BadInput, match=message.replace("[", r"\[").replace("(", r"\(")):
         Pi05Config.from_lerobot_config(hf)
+
+
+def test_adaptive_norms_need_their_condition_and_plain_ones_refuse_it(tmp_path):
+    base = {"model_type": "gemma", "vocab_size": 11, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
+    adaptive = CausalLM(LMConfig.from_hf_config({**base, "use_adarms": True, "adarms_cond_dim": 6}), rngs=nnx.Rngs(0))
+    plain = CausalLM(LMConfig.from_hf_config(base), rngs=nnx.Rngs(0))
+    ids = jnp.ones((4, 3), jnp.int32)
+    assert adaptive.hidden_states(ids, cond=jnp.ones((4, 6))).shape == (4, 3, 8)
+    with pytest.raises(BadInput, match=r"\[batch=4, cond_dim=6\]"):
+        adaptive.hidden_states(ids, cond=jnp.ones((2, 6)))
+    with pytest.raises(BadInput, match="pass cond="):
+        adaptive.hidden_states(ids)
+    with pytest.raises(BadInput, match="plain"):
+        plain.hidden_states(ids, cond=jnp.ones((4, 6)))
+    # A lerobot policy of another family is named, not sent to a converter that fails oddly.
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi0"}))
+    with pytest.raises(BadInput, match="lerobot 'pi0' policy"):
+        registry.convert(tmp_path, tmp_path / "out")
 
 
 def test_published_sizes_are_pi05s():

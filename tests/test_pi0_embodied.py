@@ -222,6 +222,24 @@ def test_pi05_reads_the_proprioception_from_its_prompt(sde):
     assert np.abs(np.asarray(sde._heads(sde.params, obs, x, jnp.float32(0.5))[0])).max() > 0
 
 
+def test_pi05_state_tokens_are_the_vocabularys_last_ids_at_every_size():
+    """The tiny model's vocabulary ends with the 256 bins; the published one (PaliGemma's
+    257,152 ids, the image token past them) holds them at its end too. An env without a
+    proprio range is refused."""
+    from rlinf_jax.policies.embodied import embodied_policy
+    from rlinf_jax.policies.vla.pi0_embodied import Pi05Policy
+
+    cfg = load_config("ppo_pi05", ["env.num_envs=2", "env.num_eval_envs=2"])
+    env = make_env(cfg.env)
+    policy = embodied_policy(cfg, env)
+    ids, _, _ = policy.prompt(_obs())
+    vocab = policy.config.paligemma.text.vocab_size
+    assert vocab == 257152 and policy.state_token_base == vocab - 256
+    assert int(ids[:, -4:].min()) >= vocab - 256 and int(ids[:, -4:].max()) < vocab
+    with pytest.raises(BadInput, match="proprio_range"):
+        Pi05Policy(cfg.actor.model, 224, env.unwrapped.vocab_size, 8, 7, 4, None)
+
+
 @pytest.mark.slow
 @pytest.mark.devices(2)
 def test_pi05_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():

@@ -62,10 +62,21 @@ def entry(model_type: str | None) -> Entry:
     return REGISTRY[model_type]
 
 
+# lerobot policy configs name their family in ``type``; these are the ones converted here.
+LEROBOT_TYPES = ("pi05",)
+
+
 def model_type_of(path) -> str | None:
-    """config.json's ``model_type`` (transformers), or ``type`` (lerobot's policy configs)."""
+    """config.json's ``model_type`` (transformers), or for lerobot's policy configs their
+    ``type`` where it is one of `LEROBOT_TYPES`."""
     hf = read_hf_config(path)
-    return hf.get("model_type") or hf.get("type")
+    if hf.get("model_type"):
+        return hf["model_type"]
+    kind = hf.get("type")
+    if kind is not None and kind not in LEROBOT_TYPES:
+        raise BadInput(f"config.json is a lerobot {kind!r} policy; of lerobot's policies only "
+                       f"{', '.join(LEROBOT_TYPES)} convert here (pi0: convert transformers' PI0ForConditionalGeneration)")
+    return kind
 
 
 def convert(src, out_dir, dtype: str = "auto") -> Path:

@@ -76,8 +76,10 @@ def from_pretrained(path, dtype=jnp.float32, param_dtype=None, **rl) -> Pi05:
 
 def convert(src, out_dir, dtype="auto", **rl) -> Path:
     """pi0.5 directory ``src`` -> converted directory ``out_dir``; RL heads asked for in
-    ``rl`` are initialised fresh and recorded in its config.json."""
-    return convert_flow_model(from_pretrained, src, out_dir, dtype, **rl)
+    ``rl`` are initialised fresh and recorded in its config.json. ``"auto"`` keeps float32:
+    lerobot's ``dtype`` key names the precision it computes in, not the one it saved (and
+    openpi keeps the norms float32 even when computing in bfloat16)."""
+    return convert_flow_model(from_pretrained, src, out_dir, "float32" if dtype in (None, "auto") else dtype, **rl)
 
 
 def load(path, dtype=None) -> Pi05:

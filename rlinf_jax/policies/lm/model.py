@@ -113,13 +113,19 @@ def make_norm(config: LMConfig, **kw):
     return RMSNorm(config.hidden_size, eps=config.rms_norm_eps, unit_offset=config.is_gemma, **kw)
 
 
-def apply_norm(norm, h, cond):
-    """(normalised ``h``, residual gate or None) for either kind of norm."""
-    if isinstance(norm, AdaRMSNorm):
-        if cond is None:
-            raise BadInput("this model's norms are adaptive (adarms_cond_dim is set): pass cond=")
-        return norm(h, cond)
-    return norm(h), None
+def apply_norm(norm, h, cond, batch: int):
+    """(normalised ``h [batch * T, E]``, residual gate or None) for either kind of norm;
+    ``cond`` must be ``[batch, cond_dim]`` for an adaptive one and None for a plain one."""
+    if not isinstance(norm, AdaRMSNorm):
+        if cond is not None:
+            raise BadInput("cond= conditions adaptive norms; this model's are plain (adarms_cond_dim is 0)")
+        return norm(h), None
+    if cond is None:
+        raise BadInput("this model's norms are adaptive (adarms_cond_dim is set): pass cond=")
+    if cond.shape != (batch, norm.dense.kernel.shape[0]):
+        raise BadInput(f"cond has shape {tuple(cond.shape)}; the adaptive norms need "
+                       f"[batch={batch}, cond_dim={norm.dense.kernel.shape[0]}]")
+    return norm(h, cond)
 
 
 class Block(nnx.Module):
@@ -135,13 +141,13 @@ class Block(nnx.Module):
         """``h [B*T, embed]`` -> ``[B*Q, embed]``: ``Q = T``, or the columns ``query_cols``
         names (``(start, Q)``; ``layer``: ``kv`` is the stacked cache, see `Attention`).
         ``cond [B, C]`` conditions adaptive norms, whose gates scale each branch."""
-        x, gate = apply_norm(self.attn_norm, h, cond)
+        x, gate = apply_norm(self.attn_norm, h, cond, batch)
         a, new_kv = self.attn(x, batch, length, rope, mask, kv, cache_index, query_cols, layer)
         if query_cols is not None:
             start, n = query_cols
             h = h.reshape(batch, length, -1)[:, start : start + n].reshape(batch * n, -1)
         h = h + gated(a, gate)
-        x, gate = apply_norm(self.mlp_norm, h, cond)
+        x, gate = apply_norm(self.mlp_norm, h, cond, batch)
         h = h + gated(self.mlp(x), gate)
         return h, new_kv
 
@@ -291,7 +297,7 @@ class CausalLM(nnx.Module):
                 h = h.reshape(B, T, -1)[:, start : start + n].reshape(B * n, -1)
         else:
             h, new_cache = self._unrolled_layers(h, cache, ctx, output_cols)
-        h = apply_norm(self.final_norm, h, cond)[0].reshape(B, T if output_cols is None else output_cols[1], -1)
+        h = apply_norm(self.final_norm, h, cond, B)[0].reshape(B, T if output_cols is None else output_cols[1], -1)
         if cache is None:
             return h
         return h, new_cache

@@ -39,7 +39,7 @@ class Prefix(NamedTuple):
 
     cache: KVCache  # P + suffix slots per row; slots 0..P-1 filled
     mask: jax.Array  # [B, P] bool: real prefix tokens
-    pooled: jax.Array | None = None  # [B, D] mean final hidden state over real tokens (pi0.5's value input)
+    pooled: jax.Array | None = None  # [B, D] mean final hidden state over real tokens (read by pi0.5's value head)
 
 
 class FlowSample(NamedTuple):
@@ -77,7 +77,7 @@ def time_embedding(t: jax.Array, width: int, min_period: float, max_period: floa
     """
     half = width // 2
     if exact:
-        angle = exact_angles(t, np.geomspace(min_period, max_period, half) if half > 1 else np.array([min_period]))
+        angle = exact_angles(t, np.geomspace(min_period, max_period, half))
     else:
         fraction = jnp.linspace(0.0, 1.0, half, dtype=jnp.float32)
         period = min_period * (max_period / min_period) ** fraction
@@ -99,8 +99,8 @@ def _twelve_bit_parts(x: np.ndarray, parts: int) -> list[np.ndarray]:
 
 
 def exact_angles(t: jax.Array, periods: np.ndarray) -> jax.Array:
-    """``2 pi t / period [B, F]`` reduced to ``[-pi, pi]`` with float64 accuracy in float32
-    arithmetic (no x64 needed): the turns ``t / period`` as sums of exact products of 12-bit
+    """``2 pi t / period [B, F]`` reduced to ``[-pi, pi]``, within a few float32 steps of the
+    float64 angle, in float32 arithmetic (no x64 needed): the turns ``t / period`` as sums of exact products of 12-bit
     pieces of ``t`` and of ``1 / period``, each piece's whole turns dropped before adding."""
     t = t.astype(jnp.float32)[:, None]
     bits = jax.lax.bitcast_convert_type(t, jnp.uint32)

@@ -228,7 +228,8 @@ def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_
     pi0's tiny sizes (`tiny_pi0_config`) with pi0.5's expert (adaptive norms) and a
     vocabulary that also holds the image token and the state's 256 bins."""
     m = model_cfg
-    value, noise = (1024,), (1024,) if m.pi0.method == flow_steps.FLOW_NOISE else ()
+    value = (1024,)
+    noise = (1024,) if m.pi0.method == flow_steps.FLOW_NOISE else ()
     if m.architecture:
         hf = {**published_vla(m, "pi05"), "chunk_size": chunk, "max_state_dim": state_dim,
               "max_action_dim": action_dim, "num_inference_steps": m.pi0.num_steps}
@@ -254,15 +255,25 @@ def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_
 class Pi05Policy(Pi0Policy):
     """`Pi0Policy` over `pi05.Pi05`: the same chains, stored actions and losses; the prompt
     ends with the proprioception as pi0.5 reads it, each dimension normalised to [-1, 1] by
-    the env's ``proprio_range`` and cut into 256 bins, one token per dimension (ids past the
-    image token). The model ignores the state argument the shared code passes."""
+    the env's ``proprio_range`` and cut into 256 bins, one token per dimension: the last 256
+    ids of the vocabulary (the tiny model's vocabulary is the instruction words, the image
+    token and these bins; at the published size they are the end of PaliGemma's). These are
+    bin ids, not openpi's text (``State: 12 200 ...;`` through the PaliGemma tokenizer), so
+    converted pi0.5 weights would need openpi's prompt. The model ignores the state argument
+    the shared code passes."""
 
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int,
                  proprio_size: int, proprio_range=None):
         self.config = pi05_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
         self._setup(model_cfg, chunk_length, action_size)
-        self.state_token_base = self.config.paligemma.image_token_id + 1
-        low, high = proprio_range if proprio_range is not None else (-np.ones(proprio_size), np.ones(proprio_size))
+        self.state_token_base = self.config.paligemma.text.vocab_size - STATE_BINS
+        if self.state_token_base <= text_vocab:
+            raise BadInput(f"pi0.5's vocabulary ({self.config.paligemma.text.vocab_size}) has no room for the "
+                           f"{text_vocab} instruction ids and {STATE_BINS} state bins")
+        if proprio_range is None:
+            raise BadInput("actor.model.kind=pi05 writes the proprioception into its prompt in bins over the env's "
+                           "proprio_range, which this env does not give (the tabletop does)")
+        low, high = proprio_range
         self.proprio_low, self.proprio_high = np.asarray(low, np.float32), np.asarray(high, np.float32)
 
     def build(self, rngs: nnx.Rngs) -> Pi05:
