@@ -75,7 +75,8 @@ def model_type_of(path) -> str | None:
     kind = hf.get("type")
     if kind is not None and kind not in LEROBOT_TYPES:
         raise BadInput(f"config.json is a lerobot {kind!r} policy; of lerobot's policies only "
-                       f"{', '.join(LEROBOT_TYPES)} convert here (pi0: convert transformers' PI0ForConditionalGeneration)")
+                       f"{', '.join(LEROBOT_TYPES)} convert here "
+                       "(pi0: convert transformers' PI0ForConditionalGeneration)")
     return kind
 
 

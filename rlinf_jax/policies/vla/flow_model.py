@@ -114,6 +114,19 @@ def exact_angles(t: jax.Array, periods: np.ndarray) -> jax.Array:
     return (turns - jnp.round(turns)) * np.float32(2 * np.pi)
 
 
+def flow_fields(hf: dict) -> dict:
+    """The chunk, state / action widths, denoising steps and time-embedding periods a pi0
+    or pi0.5 config.json gives (both families name them alike), with openpi's defaults."""
+    return {
+        "chunk_size": int(hf.get("chunk_size", 50)),
+        "max_state_dim": int(hf.get("max_state_dim", 32)),
+        "max_action_dim": int(hf.get("max_action_dim", 32)),
+        "num_steps": int(hf.get("num_inference_steps", 10)),
+        "min_period": float(hf.get("min_period", 4e-3)),
+        "max_period": float(hf.get("max_period", 4.0)),
+    }
+
+
 def check_flow_config(config) -> None:
     """What pi0's and pi0.5's configs both need: an expert that can share the prefix's
     attention layer by layer, an even width (the time embedding's sin / cos halves) and a
@@ -152,8 +165,9 @@ class FlowModel(nnx.Module):
         """The RL heads the config asks for: the value head on ``value_width`` features and
         the flow-noise std head on the expert's action outputs (None where not asked)."""
         E, A = config.expert.hidden_size, config.max_action_dim
-        self.value_head = MLPHead((value_width, *config.value_hidden, 1), jax.nn.gelu, **kw) if config.value_hidden else None
-        self.noise_head = MLPHead((E, *config.noise_hidden, A), jnp.tanh, **kw) if config.noise_hidden else None
+        value, noise = config.value_hidden, config.noise_hidden
+        self.value_head = MLPHead((value_width, *value, 1), jax.nn.gelu, **kw) if value else None
+        self.noise_head = MLPHead((E, *noise, A), jnp.tanh, **kw) if noise else None
 
     # -- the prefix and the expert over it ---------------------------------------------
 

@@ -30,7 +30,14 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense
-from rlinf_jax.policies.vla.flow_model import FlowModel, FlowSample, Prefix, check_flow_config, time_embedding
+from rlinf_jax.policies.vla.flow_model import (
+    FlowModel,
+    FlowSample,
+    Prefix,
+    check_flow_config,
+    flow_fields,
+    time_embedding,
+)
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 
 __all__ = ["FlowSample", "Pi0", "Pi0Config", "Prefix", "time_embedding"]
@@ -73,15 +80,7 @@ class Pi0Config:
             raise BadInput(f"config.json model_type={hf.get('model_type')!r} is not 'pi0'")
         paligemma = PaliGemmaConfig.from_hf_config({"model_type": "paligemma", **hf.get("vlm_config", {})})
         expert = {**_EXPERT_DEFAULTS, "vocab_size": paligemma.text.vocab_size, **hf.get("dit_config", {})}
-        fields = {
-            "chunk_size": int(hf.get("chunk_size", 50)),
-            "max_state_dim": int(hf.get("max_state_dim", 32)),
-            "max_action_dim": int(hf.get("max_action_dim", 32)),
-            "num_steps": int(hf.get("num_inference_steps", 10)),
-            "min_period": float(hf.get("min_period", 4e-3)),
-            "max_period": float(hf.get("max_period", 4.0)),
-        }
-        return cls(paligemma, LMConfig.from_hf_config(expert), **fields, **rl)
+        return cls(paligemma, LMConfig.from_hf_config(expert), **flow_fields(hf), **rl)
 
 
 class Pi0(FlowModel):

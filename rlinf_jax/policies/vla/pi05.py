@@ -34,7 +34,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies.lm.config import LMConfig
 from rlinf_jax.policies.lm.layers import Dense
-from rlinf_jax.policies.vla.flow_model import FlowModel, Prefix, check_flow_config, time_embedding
+from rlinf_jax.policies.vla.flow_model import FlowModel, Prefix, check_flow_config, flow_fields, time_embedding
 from rlinf_jax.policies.vla.paligemma import PaliGemmaConfig
 
 # openpi's Gemma variants, by the names a pi0.5 config.json gives (``paligemma_variant``,
@@ -132,15 +132,7 @@ class Pi05Config:
             "projection_dim": text.hidden_size,
             "image_token_index": text.vocab_size,  # outside the vocabulary, as openpi's
         })
-        fields = {
-            "chunk_size": int(hf.get("chunk_size", 50)),
-            "max_state_dim": int(hf.get("max_state_dim", 32)),
-            "max_action_dim": int(hf.get("max_action_dim", 32)),
-            "num_steps": int(hf.get("num_inference_steps", 10)),
-            "min_period": float(hf.get("min_period", 4e-3)),
-            "max_period": float(hf.get("max_period", 4.0)),
-        }
-        return cls(paligemma, expert, **fields, **rl)
+        return cls(paligemma, expert, **flow_fields(hf), **rl)
 
 
 class Pi05(FlowModel):
