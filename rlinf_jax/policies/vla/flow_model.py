@@ -147,19 +147,26 @@ def check_flow_config(config) -> None:
 
 class FlowModel(nnx.Module):
     """Sampling, RL chains and the training loss over a subclass's ``outputs`` (module
-    docstring). Subclasses set ``config`` (with ``chunk_size``, ``max_action_dim``,
-    ``num_steps``, ``noise_std_range``), ``paligemma``, ``expert``, ``suffix_length`` (the
-    expert's tokens per pass), ``action_out_proj``, ``noise_head`` and ``value_head``
-    (either head may be None)."""
+    docstring). A subclass's constructor starts with `_build_towers` (``config`` with
+    ``chunk_size``, ``max_action_dim``, ``num_steps``, ``noise_std_range``; ``paligemma``,
+    ``expert``, ``suffix_length``: the expert's tokens per pass), builds its own projections
+    with ``action_out_proj`` among them, and ends with `_build_rl_heads` (``value_head``,
+    ``noise_head``, either may be None)."""
 
-    def _build_towers(self, config, *, scan_layers: bool, remat: str, **kw) -> None:
-        """PaliGemma and the action expert (no token table: it reads only embeddings).
-        ``scan_layers`` / ``remat``: every tower's and LM's blocks under lax.scan and a
-        rematerialisation policy (see `CausalLM`); a scanned prefix's KV cache is stacked,
-        as the expert's scanned layers read it."""
+    def _build_towers(self, config, suffix_length: int, *, dtype, param_dtype, rngs, scan_layers: bool,
+                      remat: str) -> dict:
+        """The start of a subclass's constructor: its config, compute dtype and expert tokens
+        per pass (``suffix_length``), then PaliGemma and the action expert (no token table: it
+        reads only embeddings). ``scan_layers`` / ``remat``: every tower's and LM's blocks
+        under lax.scan and a rematerialisation policy (see `CausalLM`); a scanned prefix's KV
+        cache is stacked, as the expert's scanned layers read it. Returns the dtype / rngs
+        keywords the subclass builds its own layers with."""
+        kw = {"dtype": dtype, "param_dtype": param_dtype or dtype, "rngs": rngs}
+        self.config, self.dtype, self.suffix_length = config, dtype, suffix_length
         layout = {"scan_layers": scan_layers, "remat": remat}
         self.paligemma = PaliGemma(config.paligemma, **layout, **kw)
         self.expert = CausalLM(config.expert, token_embeddings=False, **layout, **kw)
+        return kw
 
     def _build_rl_heads(self, config, value_width: int, **kw) -> None:
         """The RL heads the config asks for: the value head on ``value_width`` features and

@@ -140,13 +140,10 @@ class Pi05(FlowModel):
 
     def __init__(self, config: Pi05Config, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs,
                  scan_layers: bool = False, remat: str = "none"):
-        param_dtype = param_dtype or dtype
-        kw = {"dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.config = config
-        self.dtype = dtype
-        self.suffix_length = config.chunk_size  # the actions alone
+        # The expert's tokens: the actions alone.
+        kw = self._build_towers(config, config.chunk_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                                scan_layers=scan_layers, remat=remat)
         c, E = config, config.expert.hidden_size
-        self._build_towers(c, scan_layers=scan_layers, remat=remat, **kw)
         dense = {"use_bias": True, **kw}
         self.action_in_proj = Dense(c.max_action_dim, E, (None, "embed"), **dense)
         self.time_mlp_in = Dense(E, E, ("embed", None), **dense)

@@ -103,12 +103,12 @@ class Pi0Policy:
     """`EmbodiedPolicy` over `pi0.Pi0` (see the module docstring)."""
 
     normalizable_observations = False
+    # The model family: its config from the policy's sizes, and its class (pi0.5's subclass swaps both).
+    make_config = staticmethod(pi0_config)
+    model_class = Pi0
 
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int, proprio_size: int):
-        self.config = pi0_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
-        self._setup(model_cfg, chunk_length, action_size)
-
-    def _setup(self, model_cfg, chunk_length: int, action_size: int) -> None:
+        self.config = self.make_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
         self.chunk_length, self.action_size = chunk_length, action_size
         self.num_steps = int(model_cfg.pi0.num_steps)
         self.method = str(model_cfg.pi0.method)
@@ -120,8 +120,8 @@ class Pi0Policy:
         self.num_patches = self.config.paligemma.tokens_per_image
 
     def build(self, rngs: nnx.Rngs) -> Pi0:
-        return Pi0(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
-                   scan_layers=self.scan_layers, remat=self.remat)
+        return self.model_class(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
+                                scan_layers=self.scan_layers, remat=self.remat)
 
     # -- observations ------------------------------------------------------------------
 
@@ -262,10 +262,12 @@ class Pi05Policy(Pi0Policy):
     converted pi0.5 weights would need openpi's prompt. The model ignores the state argument
     the shared code passes."""
 
+    make_config = staticmethod(pi05_config)
+    model_class = Pi05
+
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int,
                  proprio_size: int, proprio_range=None):
-        self.config = pi05_config(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
-        self._setup(model_cfg, chunk_length, action_size)
+        super().__init__(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
         self.state_token_base = self.config.paligemma.text.vocab_size - STATE_BINS
         if self.state_token_base <= text_vocab:
             raise BadInput(f"pi0.5's vocabulary ({self.config.paligemma.text.vocab_size}) has no room for the "
@@ -275,10 +277,6 @@ class Pi05Policy(Pi0Policy):
                            "proprio_range, which this env does not give (the tabletop does)")
         low, high = proprio_range
         self.proprio_low, self.proprio_high = np.asarray(low, np.float32), np.asarray(high, np.float32)
-
-    def build(self, rngs: nnx.Rngs) -> Pi05:
-        return Pi05(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
-                    scan_layers=self.scan_layers, remat=self.remat)
 
     def prompt(self, obs):
         ids, mask, pixels = super().prompt(obs)
