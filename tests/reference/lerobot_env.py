@@ -1,4 +1,4 @@
-"""The reference environment for parity with lerobot's torch VLAs (pi0.5; GR00T next).
+"""The reference environment for parity with lerobot's torch VLAs (pi0.5, GR00T-N1.5).
 
 lerobot 0.4.4 pins ``torch<2.11`` and its pi0.5 needs openpi's patched transformers 4.53
 (adaptive norms in Gemma), where we pin torch 2.13 and transformers 5: so it lives in a
@@ -22,7 +22,10 @@ from pathlib import Path
 
 ROOT = Path("~/.cache/rlinf_jax/lerobot-venv").expanduser()
 REQUIREMENTS = ["lerobot==0.4.4", "torch==2.10.0", "torchvision==0.25.0", "transformers==4.53.3", "numpy<2.3",
-                "safetensors"]
+                "safetensors",
+                # lerobot's groot extra without its CUDA-only packages (flash-attn, decord), and the
+                # diffusers its DiT is built from
+                "peft>=0.13,<1", "dm-tree>=0.1.8,<1", "diffusers==0.35.2"]
 OPENPI_PATCH = "transformers-openpi==4.53.3"  # openpi's transformers_replace files, as a wheel
 
 
@@ -30,10 +33,12 @@ def python(build: bool = True) -> str | None:
     """The environment's interpreter; built first when missing and ``build`` (None otherwise)."""
     interpreter = ROOT / "bin" / "python"
     ready = ROOT / "ready.txt"
-    if ready.is_file() and interpreter.is_file():
+    wanted = "\n".join([*REQUIREMENTS, OPENPI_PATCH]) + "\n"
+    if ready.is_file() and interpreter.is_file() and ready.read_text() == wanted:
         return str(interpreter)
     if not build:
         return None
+    fresh = not interpreter.is_file()
     ROOT.parent.mkdir(parents=True, exist_ok=True)
     log = ROOT.parent / "lerobot-venv-install.log"
     with open(log, "w") as out:
@@ -41,10 +46,13 @@ def python(build: bool = True) -> str | None:
             subprocess.run([str(interpreter), "-m", "pip", "install", "-q", *args], check=True, stdout=out,
                            stderr=subprocess.STDOUT)
 
-        subprocess.run([sys.executable, "-m", "venv", str(ROOT)], check=True)
+        if fresh:
+            subprocess.run([sys.executable, "-m", "venv", str(ROOT)], check=True)
+        # An environment built for older requirements gets what it lacks, and the patch again
+        # (a reinstall of transformers would undo it).
         run(*REQUIREMENTS)
         run("--no-deps", "--force-reinstall", OPENPI_PATCH)
-    ready.write_text("\n".join([*REQUIREMENTS, OPENPI_PATCH]) + "\n")
+    ready.write_text(wanted)
     return str(interpreter)
 
 

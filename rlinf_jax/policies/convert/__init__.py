@@ -46,6 +46,7 @@ REGISTRY: dict[str, Entry] = {
     "paligemma": Entry("rlinf_jax.policies.convert.pi0", "convert_paligemma", "load_paligemma"),
     "pi0": Entry("rlinf_jax.policies.convert.pi0"),
     "pi05": Entry("rlinf_jax.policies.convert.pi05"),
+    "gr00t_n1_5": Entry("rlinf_jax.policies.convert.gr00t"),
 }
 
 
@@ -76,7 +77,8 @@ def model_type_of(path) -> str | None:
     if kind is not None and kind not in LEROBOT_TYPES:
         raise BadInput(f"config.json is a lerobot {kind!r} policy; of lerobot's policies only "
                        f"{', '.join(LEROBOT_TYPES)} convert here "
-                       "(pi0: convert transformers' PI0ForConditionalGeneration)")
+                       "(pi0: convert transformers' PI0ForConditionalGeneration; groot: convert the "
+                       "GR00T-N1.5 checkpoint its base_model_path names)")
     return kind
 
 

@@ -1,9 +1,10 @@
-"""What pi0 and pi0.5 share: a prefix encoded once, an action expert that denoises a chunk
-over it, and the stochastic denoising chains RL needs.
+"""What pi0, pi0.5 and GR00T share: an observation encoded once, an action model that
+denoises a chunk over it, and the stochastic denoising chains RL needs.
 
 A `FlowModel` subclass supplies ``outputs(prefix, state, x_t, t)``, the velocity field (and,
-when it has them, the flow-noise std and the value) at one point of the flow; everything
-else here (deterministic Euler sampling, flow-SDE / flow-noise chains with their log-probs,
+when it has them, the flow-noise std and the value) at one point of the flow, where
+``prefix`` is whatever its observation encoding returns with the batch on the first axis of
+its ``mask`` (pi0's `Prefix`; GR00T's ``Observation``); everything else here (deterministic Euler sampling, flow-SDE / flow-noise chains with their log-probs,
 re-scoring a stored chain, the flow-matching loss) is written once on top of it.
 
 Flow convention (openpi / transformers / lerobot): ``x_t = t * noise + (1 - t) * actions``,
@@ -230,14 +231,18 @@ class FlowModel(nnx.Module):
     def action_heads(self, actions: jax.Array):
         """(velocity, noise std or None) from the expert's action outputs ``[B, H, E]``."""
         B, H, E = actions.shape
-        flat = actions.reshape(B * H, E)
-        v = self.action_out_proj(flat).reshape(B, H, -1).astype(jnp.float32)
-        std = None
-        if self.noise_head is not None:
-            lo, hi = (2 * np.log(s) for s in self.config.noise_std_range)  # log-variance bounds
-            squashed = jnp.tanh(self.noise_head(flat).astype(jnp.float32)).reshape(v.shape)
-            std = jnp.exp(0.5 * (lo + (hi - lo) * (squashed + 1) / 2))
-        return v, std
+        v = self.action_out_proj(actions.reshape(B * H, E)).reshape(B, H, -1).astype(jnp.float32)
+        return v, self.noise_std(actions)
+
+    def noise_std(self, features: jax.Array) -> jax.Array | None:
+        """The flow-noise std ``[B, H, A]`` from per-action ``features [B, H, W]``, squashed into
+        ``noise_std_range`` (None without a noise head)."""
+        if self.noise_head is None:
+            return None
+        B, H, W = features.shape
+        lo, hi = (2 * np.log(s) for s in self.config.noise_std_range)  # log-variance bounds
+        squashed = jnp.tanh(self.noise_head(features.reshape(B * H, W)).astype(jnp.float32)).reshape(B, H, -1)
+        return jnp.exp(0.5 * (lo + (hi - lo) * (squashed + 1) / 2))
 
     def value_of(self, features: jax.Array) -> jax.Array:
         """``[B]`` value head on ``features [B, D]`` (zeros without a value head)."""
