@@ -34,7 +34,8 @@ from rlinf_jax.policies.convert import gr00t as gr00t_convert
 from rlinf_jax.policies.convert import keys
 from rlinf_jax.policies.lm.hf_checkpoint import dotted, read_hf_config
 from rlinf_jax.policies.vla import flow_steps
-from rlinf_jax.policies.vla.gr00t import PUBLISHED_EAGLE, PUBLISHED_GR00T, Gr00t, Gr00tConfig
+from rlinf_jax.policies.lm.published import PUBLISHED_EAGLE, PUBLISHED_GR00T
+from rlinf_jax.policies.vla.gr00t import Gr00t, Gr00tConfig
 
 REFERENCE = Path(__file__).parent / "data" / "gr00t_lerobot"
 SCRIPTS = Path(__file__).parent / "reference"

@@ -1,8 +1,8 @@
-"""pi0 and pi0.5 as embodied policies (actor.model.kind=pi0 / pi05): the rollout's chunk
-log-prob, the trainer's re-scored one and a numpy Gaussian density of the stored chain
-agree; each env's sample depends on its own key alone; the stored chain survives the
-trainer's reshapes; pi0.5 reads the proprioception from its prompt's state tokens, and one
-PPO iteration is the same in every layout.
+"""pi0, pi0.5 and GR00T-N1.5 as embodied policies (actor.model.kind=pi0 / pi05 / gr00t): the
+rollout's chunk log-prob, the trainer's re-scored one and a numpy Gaussian density of the
+stored chain agree; each env's sample depends on its own key alone; the stored chain
+survives the trainer's reshapes; pi0.5 reads the proprioception from its prompt's state
+tokens, and one PPO iteration of pi0.5 and of GR00T is the same in every layout.
 
 The hand references take only the network's velocity (and flow-noise's std head) from the
 model, at the chain's stored states, and rebuild every denoising step's mean, std,
@@ -36,6 +36,11 @@ TINY_PI0 = [
 N, H, A = 3, 2, 7
 
 
+def kind_overrides(kind: str) -> list[str]:
+    """The model kind, on the backbone it is built on (GR00T's is a Qwen3)."""
+    return [f"actor.model.kind={kind}", f"actor.model.lm.model_type={'qwen3' if kind == 'gr00t' else 'gemma'}"]
+
+
 def _obs(batch=4, seed=0):
     return vla_obs(batch, seed)
 
@@ -47,7 +52,7 @@ class Jitted:
     def __init__(self, method: str, kind: str = "pi0"):
         from rlinf_jax.policies.embodied import embodied_policy
 
-        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}", f"actor.model.kind={kind}"])
+        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}", *kind_overrides(kind)])
         self.policy = policy = embodied_policy(cfg, make_env(cfg.env))
         self.noise_level = cfg.actor.model.pi0.noise_level
         graphdef, self.params = nnx.split(policy.build(nnx.Rngs(0)))
@@ -70,7 +75,7 @@ class Jitted:
         return np.asarray(v, np.float64), np.asarray(std, np.float64)
 
 
-@pytest.fixture(scope="module", params=["pi0", "pi05"])
+@pytest.fixture(scope="module", params=["pi0", "pi05", "gr00t"])
 def sde(request):
     return Jitted("flow_sde", request.param)
 
@@ -242,7 +247,8 @@ def test_pi05_state_tokens_are_the_vocabularys_last_ids_at_every_size():
 
 @pytest.mark.slow
 @pytest.mark.devices(2)
-def test_pi05_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
+@pytest.mark.parametrize("kind", ["pi05", "gr00t"])
+def test_flow_vla_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid(kind):
     """One iteration, one minibatch of one epoch, in each layout: the update sees the
     parameters that sampled the chains, so after the trainer's flatten / shuffle /
     minibatch reshapes every re-scored log-prob must equal the rollout's (ratio 1: zero KL,
@@ -250,7 +256,7 @@ def test_pi05_ppo_iteration_is_the_same_collocated_disaggregated_and_hybrid():
     from tests.test_vla_flow import ppo_iteration_in_each_layout
 
     out = ppo_iteration_in_each_layout(
-        "ppo_pi0_tabletop", [*TINY_PI0, "actor.model.kind=pi05", "algorithm.num_minibatches=1"])
+        "ppo_pi0_tabletop", [*TINY_PI0, *kind_overrides(kind), "algorithm.num_minibatches=1"])
     metrics, _ = out["fused"]
     assert abs(metrics["train/approx_kl"]) < 1e-5, metrics
     assert metrics["train/clip_frac"] == 0.0, metrics

@@ -20,12 +20,6 @@ def token_nll(logits, target):
     return jnp.mean(nll), accuracy
 
 
-def flow_matching_times(key, n: int):
-    """Flow-matching times ``t`` ``[n]`` as openpi draws them, ``Beta(1.5, 1) * 0.999 +
-    0.001``: favouring the noisy end, never exactly 0."""
-    return jax.random.beta(key, 1.5, 1.0, (n,)) * 0.999 + 0.001
-
-
 def discounted_returns(reward: np.ndarray, live: np.ndarray, gamma: float) -> np.ndarray:
     """``[B, T]`` rewards of episodes (``live`` marks steps before the end) -> the
     discounted return from each step to the episode's end."""

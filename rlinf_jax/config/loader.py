@@ -646,8 +646,9 @@ def _validate_model(m) -> None:
         f"actor.model.pi0.method={m.pi0.method!r} is unknown; choose flow_sde or flow_noise",
     )
     _require(
-        not m.architecture or m.kind in ("vla", "pi0", "pi05"),
-        f"actor.model.architecture={m.architecture!r} names a published VLA; it needs actor.model.kind=vla, pi0 or pi05 "
+        not m.architecture or m.kind in ("vla", "pi0", "pi05", "gr00t"),
+        f"actor.model.architecture={m.architecture!r} names a published VLA; it needs actor.model.kind=vla, pi0, pi05 "
+        f"or gr00t "
         f"(not {m.kind})",
     )
     _require(

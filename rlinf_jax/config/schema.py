@@ -154,9 +154,11 @@ class VLASection:
 
 @dataclass
 class Pi0Section:
-    """``actor.model.pi0`` (kind=pi0 or pi05): a tiny pi0 is the ``vla`` tower, the ``lm`` sizes as
+    """``actor.model.pi0`` (kind=pi0, pi05 or gr00t): a tiny pi0 is the ``vla`` tower, the ``lm`` sizes as
     its Gemma prefix, and a Gemma action expert of these sizes sharing the prefix's layers,
-    KV heads and head_dim, denoising each action chunk in ``num_steps`` flow-matching steps.
+    KV heads and head_dim, denoising each action chunk in ``num_steps`` flow-matching steps
+    (a tiny GR00T: the same tower, a Qwen3 of the ``lm`` sizes, and a DiT ``expert_hidden_size``
+    wide whose outputs are ``expert_intermediate_size`` wide).
     RL log-probs come from flow_sde (one random SDE step of noise level ``noise_level``) or
     flow_noise (a learned std at every step)."""
 
@@ -171,8 +173,9 @@ class Pi0Section:
 class PolicyConfig:
     # Embodied runs: "mlp" (tanh-Gaussian actor + value MLP on flat observations), "vla"
     # (a vision-language-action model on image + instruction + proprioception), "pi0" (a
-    # flow-matching VLA on the same observations) or "pi05" (pi0.5: the state in the prompt,
-    # the flow time in the action expert's norms; sized by the same sections as pi0).
+    # flow-matching VLA on the same observations), "pi05" (pi0.5: the state in the prompt,
+    # the flow time in the action expert's norms; sized by the same sections as pi0) or "gr00t"
+    # (GR00T-N1.5: an Eagle backbone of Qwen3 and a DiT action head; sized by the same sections).
     kind: str = "mlp"
     policy_hidden_sizes: list[int] = field(default_factory=lambda: [32, 32, 32, 32])
     value_hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256, 256, 256])
@@ -235,7 +238,8 @@ class PolicyConfig:
     lm: LMSection = field(default_factory=LMSection)
     vla: VLASection = field(default_factory=VLASection)
     pi0: Pi0Section = field(default_factory=Pi0Section)
-    # kind=vla, pi0 or pi05: a published architecture by name ("openvla-7b", "pi0", "pi05") instead of the
+    # kind=vla, pi0, pi05 or gr00t: a published architecture by name ("openvla-7b", "pi0", "pi05",
+    # "gr00t-n1.5") instead of the
     # vla / lm / pi0 sizes, its action and state projections sized for the env
     # (which must render the model's image size). Fresh weights: plan such a run before
     # launching it (`python -m rlinf_jax.plan`); "" = the sizes above.

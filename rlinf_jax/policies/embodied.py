@@ -20,6 +20,7 @@ from flax import nnx
 from rlinf_jax.errors import BadInput
 from rlinf_jax.policies import mlp
 from rlinf_jax.policies.vla.embodied import vla_policy
+from rlinf_jax.policies.vla.gr00t_embodied import gr00t_policy
 from rlinf_jax.policies.vla.pi0_embodied import pi0_policy, pi05_policy
 
 
@@ -93,4 +94,4 @@ def mlp_policy(cfg, env) -> GaussianMLPPolicy:
     return GaussianMLPPolicy(cfg.actor.model, env.observation_size, env.action_size)
 
 
-POLICIES = {"mlp": mlp_policy, "vla": vla_policy, "pi0": pi0_policy, "pi05": pi05_policy}
+POLICIES = {"mlp": mlp_policy, "vla": vla_policy, "pi0": pi0_policy, "pi05": pi05_policy, "gr00t": gr00t_policy}

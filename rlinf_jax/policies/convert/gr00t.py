@@ -33,7 +33,8 @@ from rlinf_jax.policies.convert.keys import Row, Skip
 from rlinf_jax.policies.convert.pi0 import GEMMA_ROWS, RL_HEADS, RL_HEADS_KEY, convert_flow_model, load_flow_model
 from rlinf_jax.policies.convert.vision import SIGLIP_ROWS
 from rlinf_jax.policies.lm.hf_checkpoint import read_hf_config
-from rlinf_jax.policies.vla.gr00t import PUBLISHED_EAGLE, Gr00t, Gr00tConfig
+from rlinf_jax.policies.lm.published import PUBLISHED_EAGLE
+from rlinf_jax.policies.vla.gr00t import Gr00t, Gr00tConfig
 
 _ROOTS = ("", "_groot_model.")  # GR00TN15's own keys, or a lerobot GrootPolicy's
 

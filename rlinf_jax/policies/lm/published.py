@@ -87,6 +87,45 @@ PUBLISHED_VLA: dict[str, dict] = {
 }
 
 
+# GR00T-N1.5's published Eagle backbone (lerobot's ``lerobot/eagle2hg-processor-groot-n1p5`` config, the
+# same as Isaac-GR00T's): SigLIP so400m/14 at 224 px, 256 tokens per image through one linear
+# connector (no pixel shuffle), Qwen3-1.7B.
+PUBLISHED_EAGLE = {
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 224, "patch_size": 14,
+                      "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+    "text_config": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151680, "hidden_size": 2048,
+                    "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+                    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                    "tie_word_embeddings": True, "max_position_embeddings": 40960},
+    "select_layer": -1, "image_token_index": 151669, "force_image_size": 224, "use_pixel_shuffle": False,
+    "downsample_ratio": 0.5, "mlp_connector_layers": 1,
+}
+# GR00T-N1.5-3B's config.json (``nvidia/GR00T-N1.5-3B``): the LM cut to 12 layers, no projection,
+# a 16-layer DiT (1536 wide) that cross-attends in even layers, 4 self-attention layers over
+# the 2048-wide features, 16-step chunks of 32 action dimensions, 4 denoising steps.
+PUBLISHED_GR00T = {
+    "model_type": "gr00t_n1_5", "action_horizon": 16, "action_dim": 32,
+    "backbone_cfg": {"select_layer": 12, "project_to_dim": None},
+    "action_head_cfg": {
+        "action_dim": 32, "action_horizon": 16, "add_pos_embed": True, "backbone_embedding_dim": 2048,
+        "diffusion_model_cfg": {"attention_head_dim": 48, "cross_attention_dim": 2048, "interleave_self_attention": True,
+                                "norm_type": "ada_norm", "num_attention_heads": 32, "num_layers": 16,
+                                "output_dim": 1024, "positional_embeddings": None},
+        "hidden_size": 1024, "input_embedding_dim": 1536, "max_state_dim": 64, "noise_beta_alpha": 1.5,
+        "noise_beta_beta": 1.0, "noise_s": 0.999, "num_inference_timesteps": 4, "num_target_vision_tokens": 32,
+        "num_timestep_buckets": 1000, "use_vlln": True,
+        "vl_self_attention_cfg": {"attention_head_dim": 64, "num_attention_heads": 32, "num_layers": 4,
+                                  "positional_embeddings": None},
+    },
+}
+
+
+# GR00T-N1.5-3B as an embodied run's architecture: its config.json with the backbone's config inside.
+PUBLISHED_VLA["gr00t-n1.5"] = {**PUBLISHED_GR00T, "backbone_cfg": {**PUBLISHED_GR00T["backbone_cfg"],
+                                                                    "eagle_config": PUBLISHED_EAGLE}}
+
+
 def published_config(path: str) -> dict | None:
     """The published ``config.json`` fields of the model a path names (its folder name
     holds a known model's name, case aside), or None."""

@@ -58,7 +58,7 @@ def published_vla(model_cfg, kind: str) -> dict:
     """The published ``config.json`` fields ``actor.model.architecture`` names for a policy of
     ``kind`` (`policies.lm.published.PUBLISHED_VLA`)."""
     name = model_cfg.architecture
-    family = {"vla": "openvla", "pi0": "pi0", "pi05": "pi05"}[kind]
+    family = {"vla": "openvla", "pi0": "pi0", "pi05": "pi05", "gr00t": "gr00t_n1_5"}[kind]
     known = [k for k, hf in PUBLISHED_VLA.items() if hf["model_type"] == family]
     if name not in known:
         raise BadInput(

@@ -370,6 +370,11 @@ class FlowModel(nnx.Module):
 
     # -- training ----------------------------------------------------------------------
 
+    def training_times(self, key, n: int) -> jax.Array:
+        """Flow-matching times ``t [n]`` as openpi draws them, ``Beta(1.5, 1) * 0.999 + 0.001``:
+        favouring the noisy end, never exactly 0."""
+        return jax.random.beta(key, 1.5, 1.0, (n,)) * 0.999 + 0.001
+
     def flow_matching_loss(self, prefix: Prefix, state, actions, noise, t) -> jax.Array:
         """Per-element squared error ``[B, H, A]`` of the velocity at
         ``x_t = t * noise + (1 - t) * actions`` against ``noise - actions`` (``t [B]``)."""

@@ -47,40 +47,6 @@ from rlinf_jax.policies.vla.flow_model import FlowModel, MLPHead
 from rlinf_jax.policies.vla.vit import LayerNorm, ViT, ViTConfig
 
 
-# The published N1.5 backbone (lerobot's ``lerobot/eagle2hg-processor-groot-n1p5`` config, the
-# same as Isaac-GR00T's): SigLIP so400m/14 at 224 px, 256 tokens per image through one linear
-# connector (no pixel shuffle), Qwen3-1.7B.
-PUBLISHED_EAGLE = {
-    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
-                      "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 224, "patch_size": 14,
-                      "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
-    "text_config": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151680, "hidden_size": 2048,
-                    "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-                    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-                    "tie_word_embeddings": True, "max_position_embeddings": 40960},
-    "select_layer": -1, "image_token_index": 151669, "force_image_size": 224, "use_pixel_shuffle": False,
-    "downsample_ratio": 0.5, "mlp_connector_layers": 1,
-}
-# GR00T-N1.5-3B's config.json (``nvidia/GR00T-N1.5-3B``): the LM cut to 12 layers, no projection,
-# a 16-layer DiT (1536 wide) that cross-attends in even layers, 4 self-attention layers over
-# the 2048-wide features, 16-step chunks of 32 action dimensions, 4 denoising steps.
-PUBLISHED_GR00T = {
-    "model_type": "gr00t_n1_5", "action_horizon": 16, "action_dim": 32,
-    "backbone_cfg": {"select_layer": 12, "project_to_dim": None},
-    "action_head_cfg": {
-        "action_dim": 32, "action_horizon": 16, "add_pos_embed": True, "backbone_embedding_dim": 2048,
-        "diffusion_model_cfg": {"attention_head_dim": 48, "cross_attention_dim": 2048, "interleave_self_attention": True,
-                                "norm_type": "ada_norm", "num_attention_heads": 32, "num_layers": 16,
-                                "output_dim": 1024, "positional_embeddings": None},
-        "hidden_size": 1024, "input_embedding_dim": 1536, "max_state_dim": 64, "noise_beta_alpha": 1.5,
-        "noise_beta_beta": 1.0, "noise_s": 0.999, "num_inference_timesteps": 4, "num_target_vision_tokens": 32,
-        "num_timestep_buckets": 1000, "use_vlln": True,
-        "vl_self_attention_cfg": {"attention_head_dim": 64, "num_attention_heads": 32, "num_layers": 4,
-                                  "positional_embeddings": None},
-    },
-}
-
-
 class Observation(NamedTuple):
     """What the DiT reads of one observation, computed once per chunk: the processed backbone
     features ``[B, P, D_vl]`` (all of them, padding included, as GR00T attends), the prompt's
@@ -417,6 +383,13 @@ class Gr00t(FlowModel):
         v = -self.action_decoder(out, prefix.embodiment).astype(jnp.float32)
         return v, self.noise_std(out), self.value_of(
             jnp.concatenate([prefix.pooled, prefix.state_token[:, 0].astype(jnp.float32)], axis=-1))
+
+    def training_times(self, key, n: int) -> jax.Array:
+        """GR00T's training times in pi0's convention: ``t = 1 - s`` for its ``s = (noise_s -
+        Beta(alpha, beta)) / noise_s``."""
+        c = self.config
+        b = jax.random.beta(key, c.noise_beta_alpha, c.noise_beta_beta, (n,))
+        return 1.0 - (c.noise_s - b) / c.noise_s
 
     def gr00t_velocity(self, obs: Observation, x: jax.Array, s: jax.Array) -> jax.Array:
         """GR00T's own velocity ``actions - noise`` at its time ``s [B]`` (for parity checks)."""

@@ -113,11 +113,15 @@ class Pi0Policy:
         self.num_steps = int(model_cfg.pi0.num_steps)
         self.method = str(model_cfg.pi0.method)
         self.noise_level = float(model_cfg.pi0.noise_level)
-        self.image_token = self.config.paligemma.image_token_id
+        self.image_token, self.num_patches = self.image_slots(self.config)
         # The products' dtype; parameters stay float32 for the optimiser.
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
         self.scan_layers, self.remat = bool(model_cfg.scan_layers), str(model_cfg.remat)
-        self.num_patches = self.config.paligemma.tokens_per_image
+
+    @staticmethod
+    def image_slots(config) -> tuple[int, int]:
+        """(the image token id, image tokens per camera) of the model's prompt."""
+        return config.paligemma.image_token_id, config.paligemma.tokens_per_image
 
     def build(self, rngs: nnx.Rngs) -> Pi0:
         return self.model_class(self.config, dtype=self.dtype, param_dtype=jnp.float32, rngs=rngs,
@@ -152,19 +156,23 @@ class Pi0Policy:
         """The `FlowSample` of each env from its own key (``keys [B]``): rows are sampled one
         by one under vmap, so no row's noise depends on the batch it is in."""
         prefix, state = self.encode(model, obs)
-        # A scanned model's cache is stacked [layers, B, ...]: its rows are on axis 1.
-        b = 1 if self.scan_layers else 0
-        axes = Prefix(jax.tree.map(lambda _: b, prefix.cache), 0, 0)
+        axes = self.row_axes(prefix)
 
         def one(prefix_row, state_row, key):
-            row = Prefix(jax.tree.map(lambda x: jnp.expand_dims(x, b), prefix_row.cache), prefix_row.mask[None],
-                         prefix_row.pooled[None])
+            row = jax.tree.map(jnp.expand_dims, prefix_row, axes)
             out = model.sample_with_logprob(
-                row, state_row[None], key, method=self.method, num_steps=self.num_steps, noise_level=self.noise_level
+                row, None if state_row is None else state_row[None], key, method=self.method,
+                num_steps=self.num_steps, noise_level=self.noise_level
             )
             return jax.tree.map(lambda x: x[0], out)
 
         return jax.vmap(one, in_axes=(axes, 0, 0))(prefix, state, keys)
+
+    def row_axes(self, prefix):
+        """The batch axis of each array of the encoded observation: 0, except a scanned
+        model's stacked ``[layers, B, ...]`` cache, whose rows are on axis 1."""
+        b = 1 if self.scan_layers else 0
+        return Prefix(jax.tree.map(lambda _: b, prefix.cache), 0, 0)
 
     def act(self, model: Pi0, obs, keys):
         out = self.sample(model, obs, keys)
@@ -173,7 +181,7 @@ class Pi0Policy:
 
     def act_deterministic(self, model: Pi0, obs):
         prefix, state = self.encode(model, obs)
-        B = state.shape[0]
+        B = obs["proprio"].shape[0]
         zeros = jnp.zeros((B, self.chunk_length, self.action_size), jnp.float32)
         return self.env_action(model.sample_actions(prefix, state, zeros, self.num_steps))
 

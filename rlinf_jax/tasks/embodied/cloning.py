@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rlinf_jax.algos.imitation import discounted_returns, flow_matching_times, token_nll
+from rlinf_jax.algos.imitation import discounted_returns, token_nll
 from rlinf_jax.config.schema import Config
 from rlinf_jax.errors import BadInput
 from rlinf_jax.flow.optim import clipped_adam, guarded_update
@@ -116,7 +116,7 @@ def flow_matching_clone(policy, graphdef, params, data: dict, *, steps: int, lr:
         actions = batch["action"]
         k_noise, k_t = jax.random.split(key)
         noise = jax.random.normal(k_noise, actions.shape, jnp.float32)
-        t = flow_matching_times(k_t, actions.shape[0])
+        t = model.training_times(k_t, actions.shape[0])
         return jnp.mean(model.flow_matching_loss(prefix, state, actions, noise, t))
 
     @jax.jit

@@ -41,13 +41,15 @@ MODELS = {
                                          "noise_level")
     },
 }
-MODELS["pi05"] = MODELS["pi0"]  # pi0.5 is sized and sampled by the same sections
+MODELS["pi05"] = MODELS["pi0"]  # pi0.5 and GR00T are sized and sampled by the same sections
+MODELS["gr00t"] = MODELS["pi0"]
 # The warm start of a VLA or pi0 (behaviour cloning / flow matching on the scripted expert).
 CLONING = {"sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.num_demos"}
 DAGGER_AND_CRITIC = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "dagger_steps", "critic_warmup_steps",
                                           "critic_warmup_episodes")}
 # The backbone each model kind is built on; actor.model.lm.model_type may only name it.
-BACKBONES = {"vla": "llama", "pi0": "gemma", "pi05": "gemma"}
+BACKBONES = {"vla": "llama", "pi0": "gemma", "pi05": "gemma", "gr00t": "qwen3"}
+FLOW_KINDS = ("pi0", "pi05", "gr00t")  # flow-matching VLAs: chunk log-probs from denoising chains
 
 HINTS = {
     "algorithm.lm.clip_low": "the embodied PPO clips both sides with algorithm.clip_eps",
@@ -68,7 +70,7 @@ def reads(cfg: Config) -> Reads:
         keys |= HOST
         if cfg.env.camera:
             keys |= {"env.image_size"}
-    if kind in ("vla", "pi0", "pi05"):
+    if kind == "vla" or kind in FLOW_KINDS:
         keys |= CLONING
     if kind == "vla":
         keys |= DAGGER_AND_CRITIC
@@ -99,7 +101,7 @@ def check(cfg: Config) -> None:
                        f"{', '.join(COMPUTE_DTYPES)}")
     if m.kind == "vla" and m.dtype not in VLA_DTYPES:
         raise BadInput(f"actor.model.dtype={m.dtype!r} is unknown for a VLA; choose one of {', '.join(VLA_DTYPES)}")
-    if m.kind in ("pi0", "pi05") and m.vla.logprob_level != "chunk":
+    if m.kind in FLOW_KINDS and m.vla.logprob_level != "chunk":
         raise BadInput(
             f"actor.model.vla.logprob_level={m.vla.logprob_level} applies to kind=vla; {m.kind}'s log-prob is per "
             "chunk: set it to chunk"
