@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -29,28 +28,25 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from rlinf_jax.errors import BadInput
-from rlinf_jax.policies import convert as registry
 from rlinf_jax.policies.convert import gr00t as gr00t_convert
 from rlinf_jax.policies.convert import keys
 from rlinf_jax.policies.lm.hf_checkpoint import dotted, read_hf_config
-from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.lm.published import PUBLISHED_EAGLE, PUBLISHED_GR00T
+from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.vla.gr00t import Gr00t, Gr00tConfig
+from tests import lerobot_reference
 
 REFERENCE = Path(__file__).parent / "data" / "gr00t_lerobot"
-SCRIPTS = Path(__file__).parent / "reference"
 
 
 @pytest.fixture(scope="module")
 def io():
-    return dict(np.load(REFERENCE / "io.npz"))
+    return lerobot_reference.load_io(REFERENCE)
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """The reference checkpoint through the registry (as ``python -m rlinf_jax.convert`` runs it)."""
-    out = registry.convert(REFERENCE, tmp_path_factory.mktemp("gr00t") / "converted")
-    return registry.load_converted(out)
+    return lerobot_reference.converted(REFERENCE, tmp_path_factory.mktemp("gr00t"))
 
 
 def observe(model, io):
@@ -177,22 +173,9 @@ def test_published_sizes_are_gr00t_n15s():
 def test_kept_reference_is_what_lerobot_computes(tmp_path, io):
     """Rewrites the reference with lerobot itself and compares it with the kept files, and
     recounts the published size with lerobot's modules."""
-    found = subprocess.run([sys.executable, str(SCRIPTS / "lerobot_env.py"), "--check"], capture_output=True,
-                           text=True)
-    if found.returncode != 0:
-        pytest.skip("the lerobot reference environment is not built: python tests/reference/lerobot_env.py")
-    python = found.stdout.strip()
-    subprocess.run([python, str(SCRIPTS / "lerobot_gr00t.py"), str(tmp_path / "ref")], check=True,
-                   capture_output=True)
-    fresh = dict(np.load(tmp_path / "ref" / "io.npz"))
-    assert sorted(fresh) == sorted(io)
-    for key in io:
-        np.testing.assert_allclose(fresh[key], io[key], atol=1e-6, err_msg=key)
-    for name in ("model.safetensors", "shuffle/model.safetensors"):
-        kept, written = load_file(REFERENCE / name), load_file(tmp_path / "ref" / name)
-        assert sorted(kept) == sorted(written)
-        assert all(np.array_equal(kept[k], written[k]) for k in kept)
+    python = lerobot_reference.check_rewritten("lerobot_gr00t.py", REFERENCE, tmp_path / "ref", io,
+                                               ("model.safetensors", "shuffle/model.safetensors"))
     sizes = json.dumps({"eagle": PUBLISHED_EAGLE, "gr00t": PUBLISHED_GR00T})
-    counted = subprocess.run([python, str(SCRIPTS / "lerobot_gr00t.py"), "--count"], input=sizes, check=True,
-                             capture_output=True, text=True)
+    counted = subprocess.run([python, str(lerobot_reference.SCRIPTS / "lerobot_gr00t.py"), "--count"],
+                             input=sizes, check=True, capture_output=True, text=True)
     assert int(counted.stdout.strip().splitlines()[-1]) == 2_413_522_880

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -34,21 +32,19 @@ from rlinf_jax.policies.lm.model import CausalLM
 from rlinf_jax.policies.vla import flow_steps
 from rlinf_jax.policies.vla.flow_model import time_embedding
 from rlinf_jax.policies.vla.pi05 import Pi05, Pi05Config, discretize_state
+from tests import lerobot_reference
 
 REFERENCE = Path(__file__).parent / "data" / "pi05_lerobot"
-SCRIPTS = Path(__file__).parent / "reference"
 
 
 @pytest.fixture(scope="module")
 def io():
-    return dict(np.load(REFERENCE / "io.npz"))
+    return lerobot_reference.load_io(REFERENCE)
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """The reference checkpoint through the registry (as ``python -m rlinf_jax.convert`` runs it)."""
-    out = registry.convert(REFERENCE, tmp_path_factory.mktemp("pi05") / "converted")
-    return registry.load_converted(out)
+    return lerobot_reference.converted(REFERENCE, tmp_path_factory.mktemp("pi05"))
 
 
 def prefix_inputs(model, io):
@@ -193,17 +189,4 @@ def test_published_sizes_are_pi05s():
 @pytest.mark.slow
 def test_kept_reference_is_what_lerobot_computes(tmp_path, io):
     """Rewrites the reference with lerobot itself and compares it with the kept files."""
-    found = subprocess.run([sys.executable, str(SCRIPTS / "lerobot_env.py"), "--check"], capture_output=True,
-                           text=True)
-    if found.returncode != 0:
-        pytest.skip("the lerobot reference environment is not built: python tests/reference/lerobot_env.py")
-    python = found.stdout.strip()
-    subprocess.run([python, str(SCRIPTS / "lerobot_pi05.py"), str(tmp_path / "ref")], check=True,
-                   capture_output=True)
-    fresh = dict(np.load(tmp_path / "ref" / "io.npz"))
-    assert sorted(fresh) == sorted(io)
-    for key in io:
-        np.testing.assert_allclose(fresh[key], io[key], atol=1e-6, err_msg=key)
-    kept, written = load_file(REFERENCE / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
-    assert sorted(kept) == sorted(written)
-    assert all(np.array_equal(kept[k], written[k]) for k in kept)
+    lerobot_reference.check_rewritten("lerobot_pi05.py", REFERENCE, tmp_path / "ref", io)
