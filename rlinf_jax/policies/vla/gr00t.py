@@ -213,12 +213,18 @@ def action_time_features(t: jax.Array, width: int) -> jax.Array:
 
 
 class CategoryLinear(nnx.Module):
-    """``CategorySpecificLinear``: one ``[in, out]`` weight and bias per embodiment, chosen per row."""
+    """``CategorySpecificLinear``: one ``[in, out]`` weight and bias per embodiment, chosen per row.
+
+    Fresh weights are drawn with std ``1 / sqrt(in)``, where GR00T's torch code draws 0.02
+    (converted checkpoints replace them either way): at 0.02 the noisy action reaches the
+    DiT's tokens 10-20x fainter than the time features beside it, and a model trained from
+    scratch learns slowly (a tiny GR00T's flow-matching clone: loss 0.45 after 1,500 steps,
+    where fan-in scaled weights pass 0.37 within 250 steps and reach 0.07)."""
 
     def __init__(self, categories: int, in_features: int, out_features: int, *, dtype, param_dtype, rngs):
         self.dtype = dtype
-        self.W = param(rngs, nnx.initializers.normal(INIT_STD), (categories, in_features, out_features), param_dtype,
-                       (None, "embed", None))
+        self.W = param(rngs, nnx.initializers.normal(in_features ** -0.5), (categories, in_features, out_features),
+                       param_dtype, (None, "embed", None))
         self.b = param(rngs, nnx.initializers.zeros, (categories, out_features), param_dtype, (None, None))
 
     def __call__(self, x: jax.Array, category: jax.Array) -> jax.Array:
