@@ -97,7 +97,7 @@ def gr00t_rows(source_keys, config: Gr00tConfig) -> tuple[tuple[Row, ...], tuple
         rows += keys.prefixed(root + "action_head.", HEAD_ROWS)
         lm = eagle + "language_model."
         if any(k == lm + "model.embed_tokens.weight" for k in source_keys):
-            skips.append(Skip(_exact(lm + "lm_head.weight"), "the LM's output head: GR00T reads hidden states only"))
+            skips.append(Skip(re.escape(lm + "lm_head.weight"), "the LM's output head: GR00T reads hidden states only"))
         else:
             rows.append(Row(lm + "lm_head.weight", "language_model.embed.embedding"))
     kept = config.eagle.text.num_layers
@@ -105,12 +105,8 @@ def gr00t_rows(source_keys, config: Gr00tConfig) -> tuple[tuple[Row, ...], tuple
     for key in source_keys:
         m = past.fullmatch(key)
         if m and int(m.group(2)) >= kept:
-            skips.append(Skip(_exact(key), f"LM layers past select_layer={kept}: GR00T never runs them"))
+            skips.append(Skip(re.escape(key), f"LM layers past select_layer={kept}: GR00T never runs them"))
     return tuple(rows), tuple(skips)
-
-
-def _exact(key: str) -> str:
-    return "".join("\\" + c if c in ".[]()*+?^$|{}\\" else c for c in key)
 
 
 def eagle_config_of(hf: dict) -> dict:
