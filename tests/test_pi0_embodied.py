@@ -26,7 +26,7 @@ from tests.test_vla_flow import _obs as vla_obs
 
 # The tiny VLA's sizes (less the keys only a VLA reads) plus a one-layer expert and 3
 # denoising steps.
-VLA_ONLY = ("actor.model.vla.n_bins", "sft.dagger_rounds", "sft.critic_warmup_steps")
+VLA_ONLY = ("actor.model.vla.n_bins", "sft.dagger_rounds")
 TINY_PI0 = [
     *(o for o in TINY_VLA if not o.startswith(VLA_ONLY)),
     "actor.model.pi0.expert_hidden_size=16",
@@ -49,10 +49,10 @@ class Jitted:
     """The policy's functions jitted over the model's parameters, plus the raw network
     outputs (velocity, flow-noise std) the hand references start from."""
 
-    def __init__(self, method: str, kind: str = "pi0"):
+    def __init__(self, method: str, kind: str = "pi0", *extra: str):
         from rlinf_jax.policies.embodied import embodied_policy
 
-        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}", *kind_overrides(kind)])
+        cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, f"actor.model.pi0.method={method}", *kind_overrides(kind), *extra])
         self.policy = policy = embodied_policy(cfg, make_env(cfg.env))
         self.noise_level = cfg.actor.model.pi0.noise_level
         graphdef, self.params = nnx.split(policy.build(nnx.Rngs(0)))
@@ -137,6 +137,23 @@ def test_each_env_sample_depends_only_on_its_own_key(sde):
     assert float(jnp.abs(batch["chain"][0, 0] - batch["chain"][1, 0]).max()) > 0.1
 
 
+def test_temperature_scales_only_the_chains_start_and_rescoring_stays_exact():
+    """``pi0.temperature`` scales the Gaussian a rollout chain starts from (the same draw):
+    0 starts where the greedy action does. The log-prob never counts the start, so the
+    trainer re-scores the stored chain to the rollout's log-prob at any temperature."""
+    obs = _obs()
+    keys = jax.random.split(jax.random.PRNGKey(11), 4)
+    starts = {}
+    for temperature in (1.0, 0.5, 0.0):
+        sde = Jitted("flow_sde", "pi0", f"actor.model.pi0.temperature={temperature}")
+        _, stored, logprob = sde.act(sde.params, obs, keys)
+        starts[temperature] = np.asarray(stored["chain"][:, 0])
+        again, _, _ = sde.evaluate(sde.params, obs, stored)
+        np.testing.assert_allclose(np.asarray(again), np.asarray(logprob), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(starts[0.5], 0.5 * starts[1.0], atol=1e-6)
+    assert np.abs(starts[1.0]).max() > 1.0 and not starts[0.0].any()
+
+
 def test_flow_noise_logprob_sums_hand_densities_over_every_step():
     # pi0's; pi0.5's flow-noise chains are the same FlowModel code (tests/test_pi05.py
     # re-scores them), and its flow-SDE path is checked here against the densities.
@@ -184,6 +201,28 @@ def test_flow_matching_warm_start_beats_the_mean_action():
     assert error < 0.85 * mean_chunk and error < 0.85 * untrained, (error, mean_chunk, untrained)
 
 
+@pytest.mark.slow
+def test_critic_warmup_fits_only_a_flow_models_value_head():
+    """The warm start's critic warm-up (``sft.critic_warmup_steps``) runs for a flow VLA: it
+    moves the value head alone, and its error on the sampled returns falls."""
+    from rlinf_jax.policies.embodied import embodied_policy
+    from rlinf_jax.tasks.embodied.cloning import fit_value_head
+
+    cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, *kind_overrides("gr00t"), "sft.critic_warmup_steps=60"])
+    assert cfg.sft.critic_warmup_steps == 60  # read for a flow kind, not refused
+    policy = embodied_policy(cfg, make_env(cfg.env))
+    graphdef, params = nnx.split(policy.build(nnx.Rngs(0)))
+    lines = []
+    new, err = fit_value_head(policy, graphdef, params, make_env(cfg.env), episodes=8, steps=60, lr=1e-2,
+                              batch_size=8, gamma=0.9, reward_scale=10.0, seed=0, log=lines.append)
+    leaves = lambda t: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    before, after = leaves(params), leaves(new)
+    moved = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert moved and all(k.startswith("['value_head']") for k in moved), moved
+    first = float(lines[-1].split("value MSE ")[1].split(" ->")[0])
+    assert np.isfinite(err) and err < first, lines[-1]
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [
@@ -191,6 +230,7 @@ def test_flow_matching_warm_start_beats_the_mean_action():
         ("actor.model.pi0.num_steps=0", "pi0.num_steps=0 must be >= 1"),
         ("actor.model.pi0.expert_hidden_size=15", "must be even"),
         ("actor.model.pi0.noise_level=0", "pi0.noise_level=0.0 must be"),
+        ("actor.model.pi0.temperature=-1", "pi0.temperature=-1.0 must be"),
     ],
 )
 def test_bad_pi0_settings_are_refused(override, fragment):

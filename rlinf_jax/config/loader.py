@@ -655,6 +655,10 @@ def _validate_model(m) -> None:
         math.isfinite(m.pi0.noise_level) and m.pi0.noise_level > 0,
         f"actor.model.pi0.noise_level={m.pi0.noise_level} must be a finite number > 0",
     )
+    _require(
+        math.isfinite(m.pi0.temperature) and m.pi0.temperature >= 0,
+        f"actor.model.pi0.temperature={m.pi0.temperature} must be a finite number >= 0",
+    )
 
 
 def _validate_cluster(c) -> None:

@@ -160,13 +160,17 @@ class Pi0Section:
     (a tiny GR00T: the same tower, a Qwen3 of the ``lm`` sizes, and a DiT ``expert_hidden_size``
     wide whose outputs are ``expert_intermediate_size`` wide).
     RL log-probs come from flow_sde (one random SDE step of noise level ``noise_level``) or
-    flow_noise (a learned std at every step)."""
+    flow_noise (a learned std at every step). ``temperature`` scales the Gaussian each
+    rollout chain starts from (1: the model's own action distribution; 0: the greedy
+    action's start, exploring by the chain's stochastic steps alone); the log-probs never
+    count the start, so every temperature re-scores exactly."""
 
     expert_hidden_size: int = 32
     expert_intermediate_size: int = 64
     num_steps: int = 4
     method: str = "flow_sde"  # flow_sde | flow_noise
     noise_level: float = 0.5
+    temperature: float = 1.0
 
 
 @dataclass
@@ -439,9 +443,10 @@ class SFTConfig:
     dagger_rounds: int = 0
     dagger_episodes: int = 128
     dagger_steps: int = 500
-    # kind=vla, after the cloning: fit the value head alone (sft.lr) for critic_warmup_steps
-    # on the discounted returns (algorithm.gamma, reward_scale) of critic_warmup_episodes
-    # sampled episodes of the cloned policy, so GAE does not start from a zero critic.
+    # kind=vla and the flow kinds (pi0, pi05, gr00t), after the cloning: fit the value head
+    # alone (sft.lr) for critic_warmup_steps on the discounted returns (algorithm.gamma,
+    # reward_scale) of critic_warmup_episodes sampled episodes of the cloned policy, so GAE
+    # does not start from a zero critic.
     critic_warmup_steps: int = 0
     critic_warmup_episodes: int = 128
 

@@ -285,19 +285,23 @@ class FlowModel(nnx.Module):
         noise_level: float = 0.5,
         noise=None,
         stochastic_step=None,
+        temperature: float = 1.0,
     ) -> FlowSample:
         """A stochastic denoising chain with the log-density of its stochastic steps.
 
         flow-SDE: step ``stochastic_step [B]`` (uniform in ``0..N-1`` when not given) follows
         the SDE with ``noise_level``; the other steps are Euler steps. flow-noise: every step
-        adds the noise head's std. ``noise`` is the chain's start (drawn when not given).
+        adds the noise head's std. ``noise`` is the chain's start (drawn when not given, a
+        Gaussian of std ``temperature``; no log-prob counts it).
         """
         c = self.config
         N = num_steps or c.num_steps
         B = prefix.mask.shape[0]
         shape = (B, c.chunk_size, c.max_action_dim)
         k_noise, k_step, k_eps = jax.random.split(key, 3)
-        x0 = jax.random.normal(k_noise, shape, jnp.float32) if noise is None else noise.astype(jnp.float32)
+        if noise is None:
+            noise = temperature * jax.random.normal(k_noise, shape, jnp.float32)
+        x0 = noise.astype(jnp.float32)
         if method == flow_steps.FLOW_SDE:
             if stochastic_step is None:
                 stochastic_step = jax.random.randint(k_step, (B,), 0, N)

@@ -113,6 +113,7 @@ class Pi0Policy:
         self.num_steps = int(model_cfg.pi0.num_steps)
         self.method = str(model_cfg.pi0.method)
         self.noise_level = float(model_cfg.pi0.noise_level)
+        self.temperature = float(model_cfg.pi0.temperature)
         self.image_token, self.num_patches = self.image_slots(self.config)
         # The products' dtype; parameters stay float32 for the optimiser.
         self.dtype = jnp.bfloat16 if model_cfg.dtype == "bfloat16" else jnp.float32
@@ -162,7 +163,7 @@ class Pi0Policy:
             row = jax.tree.map(jnp.expand_dims, prefix_row, axes)
             out = model.sample_with_logprob(
                 row, None if state_row is None else state_row[None], key, method=self.method,
-                num_steps=self.num_steps, noise_level=self.noise_level
+                num_steps=self.num_steps, noise_level=self.noise_level, temperature=self.temperature
             )
             return jax.tree.map(lambda x: x[0], out)
 

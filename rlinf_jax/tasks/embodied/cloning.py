@@ -222,6 +222,10 @@ def dagger_clone(
 # warm-started policy is exactly the cloned one.
 
 
+# The value head's top-level name in each VLA family (OpenVLA's `value`; the flow models' `value_head`).
+VALUE_HEADS = ("value", "value_head")
+
+
 def fit_value_head(policy, graphdef, params, env, *, episodes: int, steps: int, lr: float, batch_size: int,
                    gamma: float, reward_scale: float, seed: int, log=None):
     """Regress the value head (only) on the discounted, scaled returns of the policy's own
@@ -239,7 +243,7 @@ def fit_value_head(policy, graphdef, params, env, *, episodes: int, steps: int, 
     arrays = {k: jnp.asarray(np.concatenate([o[k] for o in obs])) for k in obs[0]}
     target = jnp.asarray(np.concatenate(targets))
     n = target.shape[0]
-    mask = jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[0], "key", None) == "value", params)
+    mask = jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[0], "key", None) in VALUE_HEADS, params)
     tx = optax.masked(optax.adam(lr), mask)
 
     @jax.jit
@@ -253,7 +257,7 @@ def fit_value_head(policy, graphdef, params, env, *, episodes: int, steps: int, 
                 # Frozen leaves are constants: their gradients are exact zeros, and the
                 # backward pass stops at the value head instead of running the backbone's.
                 q = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), q, mask)
-                _, value = nnx.merge(graphdef, q)(batch)
+                value = policy.critic(nnx.merge(graphdef, q), batch)
                 return jnp.mean((value - target[idx]) ** 2)
 
             loss, grads = jax.value_and_grad(loss_fn)(p)

@@ -38,15 +38,15 @@ MODELS = {
     },
     "pi0": {"actor.model.kind", "actor.model.dtype", "actor.model.vla.logprob_level", *LAYOUT, *LM_SIZES, *TOWER} | {
         f"actor.model.pi0.{k}" for k in ("expert_hidden_size", "expert_intermediate_size", "num_steps", "method",
-                                         "noise_level")
+                                         "noise_level", "temperature")
     },
 }
 MODELS["pi05"] = MODELS["pi0"]  # pi0.5 and GR00T are sized and sampled by the same sections
 MODELS["gr00t"] = MODELS["pi0"]
 # The warm start of a VLA or pi0 (behaviour cloning / flow matching on the scripted expert).
 CLONING = {"sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.num_demos"}
-DAGGER_AND_CRITIC = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "dagger_steps", "critic_warmup_steps",
-                                          "critic_warmup_episodes")}
+DAGGER = {f"sft.{k}" for k in ("dagger_rounds", "dagger_episodes", "dagger_steps")}
+CRITIC_WARMUP = {"sft.critic_warmup_steps", "sft.critic_warmup_episodes"}
 # The backbone each model kind is built on; actor.model.lm.model_type may only name it.
 BACKBONES = {"vla": "llama", "pi0": "gemma", "pi05": "gemma", "gr00t": "qwen3"}
 FLOW_KINDS = ("pi0", "pi05", "gr00t")  # flow-matching VLAs: chunk log-probs from denoising chains
@@ -71,9 +71,9 @@ def reads(cfg: Config) -> Reads:
         if cfg.env.camera:
             keys |= {"env.image_size"}
     if kind == "vla" or kind in FLOW_KINDS:
-        keys |= CLONING
+        keys |= CLONING | CRITIC_WARMUP
     if kind == "vla":
-        keys |= DAGGER_AND_CRITIC
+        keys |= DAGGER
     return Reads(frozenset(keys), HINTS)
 
 

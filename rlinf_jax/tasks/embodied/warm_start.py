@@ -95,10 +95,12 @@ def clone_vla(cfg: Config, setup: Setup, log) -> Setup:
 
 
 def clone_pi0(cfg: Config, setup: Setup, log) -> Setup:
-    """Flow matching on the expert's chunks, pi0's (pi0.5's, GR00T's) own pre-training objective."""
+    """Flow matching on the expert's chunks, pi0's (pi0.5's, GR00T's) own pre-training
+    objective; then the critic warm-up."""
     data = expert_demos(setup.env, cfg.sft.num_demos, cfg.runner.seed)
     params, loss, error = cloning.flow_matching_clone(setup.policy, setup.graphdef, setup.params, data, **_fit_args(cfg, log))
     metrics = {"warm_start/loss": float(loss[-1]), "warm_start/action_error": error}
+    params = critic_warmup(cfg, setup, params, metrics, log)
     return dataclasses.replace(setup, params=params, warm_start_metrics=metrics)
 
 
