@@ -5,8 +5,6 @@ beating behaviour cloning on a dataset with a known mix of good and bad episodes
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -21,7 +19,7 @@ from rlinf_jax.tasks.offpolicy.setup import make_setup
 from rlinf_jax.tasks.offpolicy.algorithm import OffPolicy
 from rlinf_jax.tasks.registry import load_run_config
 from rlinf_jax.cli.train import main
-from tests.conftest import clean_env
+from tests.conftest import run_cli
 from tests.test_offpolicy import TINY_SAC
 
 QUIET = ["runner.progress_bar=false", "runner.tensorboard=false", "runner.compilation_cache=''"]
@@ -38,11 +36,8 @@ def expert(tmp_path_factory):
     trained in a child process compiling as users do: its 123k env steps run ~1.5x faster
     than under the tests' unoptimised flags."""
     out = tmp_path_factory.mktemp("expert")
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlinf_jax.train", f"runner.output_dir={out}", "runner.experiment_name=ppo",
-         "runner.max_steps=12", "runner.eval_interval=12", "env.num_eval_envs=32", *QUIET],
-        capture_output=True, text=True, timeout=600, env=clean_env(XLA_FLAGS=""),
-    )
+    proc = run_cli([f"runner.output_dir={out}", "runner.experiment_name=ppo", "runner.max_steps=12",
+                    "runner.eval_interval=12", "env.num_eval_envs=32", *QUIET], env_extra={"XLA_FLAGS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = [r for r in read_metrics(out / "ppo") if "eval/return" in r][-1]
     assert final["eval/return"] > 500, final

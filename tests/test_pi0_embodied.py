@@ -21,7 +21,7 @@ from flax import nnx
 from rlinf_jax.config import load_config
 from rlinf_jax.envs import make_env
 from rlinf_jax.errors import BadInput
-from tests.test_vla_flow import TINY_VLA
+from tests.test_vla_flow import TINY_VLA, changed_leaves
 from tests.test_vla_flow import _obs as vla_obs
 
 # The tiny VLA's sizes (less the keys only a VLA reads) plus a one-layer expert and 3
@@ -215,9 +215,7 @@ def test_critic_warmup_fits_only_a_flow_models_value_head():
     lines = []
     new, err = fit_value_head(policy, graphdef, params, make_env(cfg.env), episodes=8, steps=60, lr=1e-2,
                               batch_size=8, gamma=0.9, reward_scale=10.0, seed=0, log=lines.append)
-    leaves = lambda t: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
-    before, after = leaves(params), leaves(new)
-    moved = {k for k in before if not np.array_equal(before[k], after[k])}
+    moved = changed_leaves(params, new)
     assert moved and all(k.startswith("['value_head']") for k in moved), moved
     first = float(lines[-1].split("value MSE ")[1].split(" ->")[0])
     assert np.isfinite(err) and err < first, lines[-1]

@@ -297,6 +297,13 @@ def test_discounted_returns_stop_at_the_episode_end():
             assert got[b, t] == pytest.approx(want, abs=1e-5)
 
 
+def changed_leaves(before, after) -> set[str]:
+    """The paths of the leaves that differ between two parameter trees of one structure."""
+    paths = lambda t: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    a, b = paths(before), paths(after)
+    return {k for k in a if not np.array_equal(a[k], b[k])}
+
+
 @pytest.mark.slow
 def test_critic_warmup_fits_only_the_value_head():
     from rlinf_jax.tasks.embodied.cloning import fit_value_head
@@ -305,9 +312,7 @@ def test_critic_warmup_fits_only_the_value_head():
     graphdef, params = nnx.split(model)
     new, err = fit_value_head(policy, graphdef, params, make_env(cfg.env), episodes=8, steps=60, lr=1e-2,
                               batch_size=8, gamma=0.9, reward_scale=10.0, seed=0)
-    leaves = lambda t: {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
-    before, after = leaves(params), leaves(new)
-    moved = {k for k in before if not np.array_equal(before[k], after[k])}
+    moved = changed_leaves(params, new)
     assert moved and all(k.startswith("['value']") for k in moved), moved
     assert np.isfinite(err)
 
