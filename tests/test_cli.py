@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rlinf_jax.cli.train import main
+from rlinf_jax.runtime import read_metrics
 from tests.conftest import run_cli
 
 
@@ -88,6 +89,29 @@ def test_evaluate_a_checkpoint(tmp_path, tiny, capsys):
     assert evaluate_main([str(run_dir / "checkpoints" / "2"), "--seed", "3", "env.num_eval_envs=8"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second == first
+
+    # runner.eval_episodes=fixed: every evaluation plays the same episodes. A policy that
+    # does not change (lr 1e-12, no observation statistics) then scores the same at every
+    # evaluation, where the fresh protocol scores it on other episodes each time. Training
+    # draws no key of the evaluation's, so the two runs hold the same parameters.
+    frozen = [*tiny, "runner.max_steps=2", "runner.eval_interval=1", "actor.optim.lr=1e-12",
+              "algorithm.normalize_observations=false"]
+    evals = {}
+    for mode in ("fresh", "fixed"):
+        assert main([*frozen, f"runner.experiment_name={mode}", f"runner.eval_episodes={mode}"]) == 0
+        evals[mode] = {r["step"]: r["eval/return"] for r in read_metrics(tmp_path / mode) if "eval/return" in r}
+    capsys.readouterr()
+    assert set(evals["fresh"]) == set(evals["fixed"]) == {1, 2}
+    assert evals["fixed"][2] == pytest.approx(evals["fixed"][1], rel=1e-6)
+    assert evals["fresh"][2] != pytest.approx(evals["fresh"][1], rel=1e-3)
+    # The fixed run's checkpoint, scored by the fresh protocol, is the fresh run's step 2;
+    # by its own, what the fixed run logged.
+    for override, expected in (("runner.eval_episodes=fresh", evals["fresh"][2]), (None, evals["fixed"][2])):
+        assert evaluate_main([str(tmp_path / "fixed"), *([override] if override else [])]) == 0
+        scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert scored["eval/return"] == pytest.approx(expected, rel=1e-5), override
+    assert main([*tiny, "runner.experiment_name=bad", "runner.eval_episodes=same"]) == 2
+    assert "runner.eval_episodes='same' is not one of fresh, fixed" in capsys.readouterr().err
 
 
 def test_evaluate_bad_path_is_one_error_line(tmp_path, capsys):

@@ -134,6 +134,24 @@ def test_each_seed_equals_alone_when_learning_from_a_dataset(recipe, tmp_path):
 
 
 @pytest.mark.slow
+def test_fixed_evaluation_episodes_are_each_seeds_own_at_every_step(tmp_path):
+    # runner.eval_episodes=fixed with seeds side by side: each seed plays its own step-0
+    # episodes at every evaluation, so a policy that does not change (lr 1e-12, no
+    # observation statistics) scores the same at every step, and each seed as it does alone.
+    frozen = [*TINY, f"runner.output_dir={tmp_path}", "runner.max_steps=2", "runner.eval_interval=1",
+              "runner.tensorboard=false", "runner.eval_episodes=fixed", "actor.optim.lr=1e-12",
+              "algorithm.normalize_observations=false"]
+    batch = rj.train("ppo_brax", [*frozen, "runner.seeds=[0,1]", "runner.experiment_name=both"]).metrics
+    alone = rj.train("ppo_brax", [*frozen, "runner.seed=1", "runner.experiment_name=alone"]).metrics
+    returns = [r for r in batch if "eval/return@seed0" in r]
+    assert [r["step"] for r in returns] == [1, 2]
+    for seed in (0, 1):
+        assert returns[0][f"eval/return@seed{seed}"] == pytest.approx(returns[1][f"eval/return@seed{seed}"], rel=1e-6)
+    assert returns[0]["eval/return@seed0"] != pytest.approx(returns[0]["eval/return@seed1"], rel=1e-3)
+    assert alone.last("eval/return") == pytest.approx(returns[1]["eval/return@seed1"], rel=1e-4)
+
+
+@pytest.mark.slow
 def test_warm_started_seeds_each_start_from_their_own_warm_start_as_alone():
     # The tabletop VLA, cloned from the expert and its critic warmed up before PPO: each
     # run of the batch is cloned with its own seed (fresh model, demonstrations, keys), as

@@ -42,6 +42,7 @@ RECIPE_DIR = Path(__file__).resolve().parent.parent / "configs"
 BASE_KEY = "base"
 LR_SCHEDULES = ("constant", "linear")
 RESUME_WORDS = ("none", "auto")
+EVAL_EPISODES = ("fresh", "fixed")
 
 
 def _one_line(msg: str) -> str:
@@ -545,6 +546,8 @@ def _validate_runner(r) -> None:
     for name in ("save_interval", "eval_interval", "log_interval"):
         v = getattr(r, name)
         _require(v >= 0, f"runner.{name}={v} must be >= 0 (0 disables it)")
+    _require(r.eval_episodes in EVAL_EPISODES,
+             f"runner.eval_episodes={r.eval_episodes!r} is not one of {', '.join(EVAL_EPISODES)}")
     _require(r.keep_checkpoints >= 1, f"runner.keep_checkpoints={r.keep_checkpoints} must be >= 1")
     _require(
         r.max_nonfinite_updates >= 1, f"runner.max_nonfinite_updates={r.max_nonfinite_updates} must be >= 1"

@@ -37,6 +37,11 @@ class RunnerConfig:
     # Iterations between checkpoints / evaluations; 0 disables (a final one still happens).
     save_interval: int = 50
     eval_interval: int = 25
+    # Which episodes each evaluation of an env run plays: "fresh" draws other episodes at
+    # every evaluation (its key folds in the step); "fixed" plays the same ones every time
+    # (the step-0 evaluation's), so the change between two points of the curve is the
+    # policy's alone, not the episodes'. Language-model runs always score the same prompts.
+    eval_episodes: str = "fresh"
     log_interval: int = 5
     # "none", "auto" (latest checkpoint of this run directory) or a checkpoint path.
     resume: str = "none"

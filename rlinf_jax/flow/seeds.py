@@ -103,10 +103,11 @@ def with_seed_axis(shardings: Any) -> Any:
                         is_leaf=lambda s: isinstance(s, NamedSharding))
 
 
-def eval_key(seed: int, step) -> jax.Array:
+def eval_key(seed: int, step, fixed: bool = False) -> jax.Array:
     """The evaluation key of the run with ``seed`` at ``step`` (the same whatever the
-    chunking, the resume point or the runs beside it)."""
-    return jax.random.fold_in(jax.random.PRNGKey(seed + 1), step)
+    chunking, the resume point or the runs beside it); ``fixed``: the step-0 key at every
+    step (``runner.eval_episodes=fixed``)."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed + 1), 0 if fixed else step)
 
 
 def seed_keys(batch: SeedBatch, key) -> jax.Array:
@@ -164,7 +165,8 @@ class SeedBatch(EnvTrainer):
 
     def eval_keys(self, state) -> jax.Array:
         step = jnp.asarray(state.step)[0]
-        return jax.vmap(lambda s: eval_key(s, step))(self._seed_array)
+        fixed = self.cfg.runner.eval_episodes == "fixed"
+        return jax.vmap(lambda s: eval_key(s, step, fixed))(self._seed_array)
 
     def compile(self, state, eval_key) -> None:
         args = self.algorithm.chunk_args
