@@ -75,7 +75,7 @@ def enable_compilation_cache(directory: str) -> None:
 def eval_key(cfg: Config, step: int):
     """The evaluation's key at ``step``: the same whatever the chunking or resume point
     (and at every step with ``runner.eval_episodes=fixed``)."""
-    return seeds.eval_key(cfg.runner.seed, step, cfg.runner.eval_episodes == "fixed")
+    return seeds.eval_key(cfg.runner.seed, seeds.eval_step(cfg.runner, step))
 
 
 def checkpoint_view(snapshot):

@@ -103,11 +103,16 @@ def with_seed_axis(shardings: Any) -> Any:
                         is_leaf=lambda s: isinstance(s, NamedSharding))
 
 
-def eval_key(seed: int, step, fixed: bool = False) -> jax.Array:
+def eval_key(seed: int, step) -> jax.Array:
     """The evaluation key of the run with ``seed`` at ``step`` (the same whatever the
-    chunking, the resume point or the runs beside it); ``fixed``: the step-0 key at every
-    step (``runner.eval_episodes=fixed``)."""
-    return jax.random.fold_in(jax.random.PRNGKey(seed + 1), 0 if fixed else step)
+    chunking, the resume point or the runs beside it)."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed + 1), step)
+
+
+def eval_step(runner, step):
+    """The step whose evaluation episodes a run plays at ``step``: ``step`` itself, or 0 at
+    every step with ``runner.eval_episodes=fixed``."""
+    return 0 if runner.eval_episodes == "fixed" else step
 
 
 def seed_keys(batch: SeedBatch, key) -> jax.Array:
@@ -164,9 +169,8 @@ class SeedBatch(EnvTrainer):
         return int(steps[0]), int(np.max(jax.device_get(state.bad_iterations)))
 
     def eval_keys(self, state) -> jax.Array:
-        step = jnp.asarray(state.step)[0]
-        fixed = self.cfg.runner.eval_episodes == "fixed"
-        return jax.vmap(lambda s: eval_key(s, step, fixed))(self._seed_array)
+        step = eval_step(self.cfg.runner, jnp.asarray(state.step)[0])
+        return jax.vmap(lambda s: eval_key(s, step))(self._seed_array)
 
     def compile(self, state, eval_key) -> None:
         args = self.algorithm.chunk_args
