@@ -1,5 +1,5 @@
-"""The off-policy family on a host simulator (env.suite=gym): the number of workers or of
-micro-batches changes no number, checkpoints carry the buffer and the episode counters, the saved actor
+"""The off-policy family on a host simulator (env.suite=gym): the number of workers changes
+no number and micro-batches none beyond float32 rounding, checkpoints carry the buffer and the episode counters, the saved actor
 evaluates, and the settings a host loop cannot honour are one error line."""
 
 from __future__ import annotations
@@ -54,8 +54,13 @@ def test_workers_and_micro_batches_change_no_number():
     assert m1["rollout/replay_size"] == 3 * 4 * 8
     for a, b, c in zip(one, two, halves):
         np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
-    assert m1 == m2 == m3 and e1 == e2 == e3
+        # A policy product over 4 rows may round differently from the same rows among 8:
+        # XLA:CPU picks its matmul kernels by shape, and on some CPUs (the AMD EPYC with
+        # AVX2) the two differ in the last bit (11 of 16 elements of a layer by one ulp
+        # after 3 iterations). Within float32 rounding, not bit for bit.
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-8)
+    assert m1 == m2 and e1 == e2
+    assert m3 == pytest.approx(m1, rel=1e-5) and e3 == pytest.approx(e1, rel=1e-5)
 
 
 @pytest.mark.slow
