@@ -1,6 +1,7 @@
 """The off-policy family on a host simulator (env.suite=gym): the number of workers changes
-no number and micro-batches none beyond float32 rounding, checkpoints carry the buffer and the episode counters, the saved actor
-evaluates, and the settings a host loop cannot honour are one error line."""
+no number and micro-batches none beyond float32 rounding, checkpoints carry the buffer and
+the episode counters, the saved actor evaluates, and the settings a host loop cannot honour
+are one error line."""
 
 from __future__ import annotations
 
