@@ -7,6 +7,7 @@ notebook's own variables as JSON; the committed files carry no outputs."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,7 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 MARK = "NOTEBOOK-CHECK "
+STACKS_AFTER_S = 600  # under the suite's 900 s per test; a notebook takes 1-5 minutes
 
 
 def _outputs(nb, kind: str) -> list:
@@ -28,8 +30,20 @@ def execute(name: str, cwd: Path, check: str, timeout: int = 900) -> tuple[nbfor
     for cell in nb.cells:
         assert not cell.get("outputs") and cell.get("execution_count") is None, f"{name}: outputs are committed"
     nb.cells.append(nbformat.v4.new_code_cell(f"import json as _json\nprint({MARK!r} + _json.dumps({check}))"))
+    # A kernel that hangs explains itself: still running after STACKS_AFTER_S, it writes every
+    # thread's stack to a file, which the failure (a cell's or the test's timeout) then shows.
+    stacks = cwd / "kernel_stacks.txt"
+    nb.cells.insert(0, nbformat.v4.new_code_cell(
+        f"import faulthandler as _fh\n_fh_file = open({str(stacks)!r}, 'w')\n"
+        f"_fh.dump_traceback_later({STACKS_AFTER_S}, file=_fh_file)"))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    try:
+        client.execute()
+    except BaseException:  # pytest-timeout's failure included: it is raised in this thread
+        dumped = stacks.read_text() if stacks.is_file() else ""
+        if dumped:
+            print(f"{name}: the kernel's threads after {STACKS_AFTER_S} s:\n{dumped}", file=sys.stderr)
+        raise
     text = "".join(o.get("text", "") for o in _outputs(nb, "stream") if o.get("name") == "stdout")
     line = next(ln for ln in text.splitlines() if ln.startswith(MARK))
     stderr = "".join(o.get("text", "") for o in _outputs(nb, "stream") if o.get("name") == "stderr")
