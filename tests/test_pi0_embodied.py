@@ -229,6 +229,7 @@ def test_critic_warmup_fits_only_a_flow_models_value_head():
         ("actor.model.pi0.expert_hidden_size=15", "must be even"),
         ("actor.model.pi0.noise_level=0", "pi0.noise_level=0.0 must be"),
         ("actor.model.pi0.temperature=-1", "pi0.temperature=-1.0 must be"),
+        ("actor.model.pi0.state_bins=1", "pi0.state_bins=1 must be >= 2"),
     ],
 )
 def test_bad_pi0_settings_are_refused(override, fragment):
@@ -281,6 +282,29 @@ def test_pi05_state_tokens_are_the_vocabularys_last_ids_at_every_size():
     assert int(ids[:, -4:].min()) >= vocab - 256 and int(ids[:, -4:].max()) < vocab
     with pytest.raises(BadInput, match="proprio_range"):
         Pi05Policy(cfg.actor.model, 224, env.unwrapped.vocab_size, 8, 7, 4, None)
+
+
+def test_pi05_state_bins_set_the_prompts_resolution_and_the_vocabulary():
+    """``actor.model.pi0.state_bins`` cuts each proprio dimension into that many bins, at the
+    vocabulary's last ids (numpy's digitize on the same edges); the published pi0.5 reads
+    openpi's 256 and refuses another count in one line."""
+    from rlinf_jax.envs.tabletop import scene
+    from rlinf_jax.policies.embodied import embodied_policy
+
+    cfg = load_config("ppo_pi0_tabletop", [*TINY_PI0, *kind_overrides("pi05"), "actor.model.pi0.state_bins=16"])
+    env = make_env(cfg.env)
+    policy = embodied_policy(cfg, env)
+    obs = _obs()
+    ids, _, _ = policy.prompt(obs)
+    vocab = policy.config.paligemma.text.vocab_size
+    assert vocab == env.unwrapped.vocab_size + 1 + 16 and policy.state_token_base == vocab - 16
+    low, high = np.append(scene.EE_LOW, 0.0), np.append(scene.EE_HIGH, 1.0)
+    scaled = 2 * (np.asarray(obs["proprio"], np.float64) - low) / (high - low) - 1
+    bins = np.clip(np.digitize(scaled, np.linspace(-1, 1, 17)[:-1]) - 1, 0, 15)
+    np.testing.assert_array_equal(np.asarray(ids[:, -4:]), vocab - 16 + bins)
+    published = load_config("ppo_pi05", ["env.num_envs=2", "env.num_eval_envs=2", "actor.model.pi0.state_bins=32"])
+    with pytest.raises(BadInput, match="state_bins=32: the published pi0.5 reads its state in openpi's 256 bins"):
+        embodied_policy(published, make_env(published.env))
 
 
 @pytest.mark.slow

@@ -662,6 +662,7 @@ def _validate_model(m) -> None:
         math.isfinite(m.pi0.temperature) and m.pi0.temperature >= 0,
         f"actor.model.pi0.temperature={m.pi0.temperature} must be a finite number >= 0",
     )
+    _require(m.pi0.state_bins >= 2, f"actor.model.pi0.state_bins={m.pi0.state_bins} must be >= 2")
 
 
 def _validate_cluster(c) -> None:

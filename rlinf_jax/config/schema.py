@@ -176,6 +176,10 @@ class Pi0Section:
     method: str = "flow_sde"  # flow_sde | flow_noise
     noise_level: float = 0.5
     temperature: float = 1.0
+    # kind=pi05: bins of each proprio dimension in the prompt. openpi's 256 is what published
+    # weights read; a tiny model cloned from a few hundred demonstrations sees most of 256
+    # bins rarely and generalises better from fewer (docs/vla.md).
+    state_bins: int = 256
 
 
 @dataclass

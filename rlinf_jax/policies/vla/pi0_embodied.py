@@ -235,7 +235,8 @@ def pi0_policy(cfg, env) -> Pi0Policy:
 def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_dim: int, state_dim: int) -> Pi05Config:
     """pi0.5's model: the published sizes ``actor.model.architecture`` names (``pi05``), or
     pi0's tiny sizes (`tiny_pi0_config`) with pi0.5's expert (adaptive norms) and a
-    vocabulary that also holds the image token and the state's 256 bins."""
+    vocabulary that also holds the image token and the state's ``pi0.state_bins`` bins
+    (published weights read openpi's 256, the end of PaliGemma's vocabulary)."""
     m = model_cfg
     value = (1024,)
     noise = (1024,) if m.pi0.method == flow_steps.FLOW_NOISE else ()
@@ -244,9 +245,12 @@ def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_
               "max_action_dim": action_dim, "num_inference_steps": m.pi0.num_steps}
         config = Pi05Config.from_lerobot_config(hf, value_hidden=value, noise_hidden=noise)
         check_image_size(m, config.paligemma.vision.image_size, image_size)
+        if m.pi0.state_bins != STATE_BINS:
+            raise BadInput(f"actor.model.pi0.state_bins={m.pi0.state_bins}: the published pi0.5 reads its state in "
+                           f"openpi's {STATE_BINS} bins; set it to {STATE_BINS} with actor.model.architecture")
         return config
     pi0 = tiny_pi0_config(m, image_size, text_vocab, chunk, action_dim, state_dim)
-    vocab = text_vocab + 1 + STATE_BINS
+    vocab = text_vocab + 1 + m.pi0.state_bins
     text = dataclasses.replace(pi0.paligemma.text, vocab_size=vocab)
     expert = dataclasses.replace(pi0.expert, vocab_size=vocab, adarms_cond_dim=pi0.expert.hidden_size)
     return Pi05Config(
@@ -264,9 +268,10 @@ def pi05_config(model_cfg, image_size: int, text_vocab: int, chunk: int, action_
 class Pi05Policy(Pi0Policy):
     """`Pi0Policy` over `pi05.Pi05`: the same chains, stored actions and losses; the prompt
     ends with the proprioception as pi0.5 reads it, each dimension normalised to [-1, 1] by
-    the env's ``proprio_range`` and cut into 256 bins, one token per dimension: the last 256
-    ids of the vocabulary (the tiny model's vocabulary is the instruction words, the image
-    token and these bins; at the published size they are the end of PaliGemma's). These are
+    the env's ``proprio_range`` and cut into ``pi0.state_bins`` bins (openpi's 256), one
+    token per dimension: the last ``state_bins`` ids of the vocabulary (the tiny model's
+    vocabulary is the instruction words, the image token and these bins; at the published
+    size they are the end of PaliGemma's). These are
     bin ids, not openpi's text (``State: 12 200 ...;`` through the PaliGemma tokenizer), so
     converted pi0.5 weights would need openpi's prompt. The model ignores the state argument
     the shared code passes."""
@@ -277,10 +282,11 @@ class Pi05Policy(Pi0Policy):
     def __init__(self, model_cfg, image_size: int, text_vocab: int, chunk_length: int, action_size: int,
                  proprio_size: int, proprio_range=None):
         super().__init__(model_cfg, image_size, text_vocab, chunk_length, action_size, proprio_size)
-        self.state_token_base = self.config.paligemma.text.vocab_size - STATE_BINS
+        self.state_bins = model_cfg.pi0.state_bins
+        self.state_token_base = self.config.paligemma.text.vocab_size - self.state_bins
         if self.state_token_base <= text_vocab:
             raise BadInput(f"pi0.5's vocabulary ({self.config.paligemma.text.vocab_size}) has no room for the "
-                           f"{text_vocab} instruction ids and {STATE_BINS} state bins")
+                           f"{text_vocab} instruction ids and {self.state_bins} state bins")
         if proprio_range is None:
             raise BadInput("actor.model.kind=pi05 writes the proprioception into its prompt in bins over the env's "
                            "proprio_range, which this env does not give (the tabletop does)")
@@ -291,7 +297,7 @@ class Pi05Policy(Pi0Policy):
         ids, mask, pixels = super().prompt(obs)
         proprio = obs["proprio"].astype(jnp.float32)
         scaled = 2.0 * (proprio - self.proprio_low) / (self.proprio_high - self.proprio_low) - 1.0
-        state = self.state_token_base + discretize_state(scaled)
+        state = self.state_token_base + discretize_state(scaled, self.state_bins)
         ids = jnp.concatenate([ids, state], axis=1)
         return ids, jnp.concatenate([mask, jnp.ones(state.shape, bool)], axis=1), pixels
 

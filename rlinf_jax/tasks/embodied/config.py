@@ -41,7 +41,7 @@ MODELS = {
                                          "noise_level", "temperature")
     },
 }
-MODELS["pi05"] = MODELS["pi0"]  # pi0.5 and GR00T are sized and sampled by the same sections
+MODELS["pi05"] = MODELS["pi0"] | {"actor.model.pi0.state_bins"}  # sized and sampled as pi0, its state in bins
 MODELS["gr00t"] = MODELS["pi0"]
 # The warm start of a VLA or pi0 (behaviour cloning / flow matching on the scripted expert).
 CLONING = {"sft.warm_start_steps", "sft.lr", "sft.batch_size", "sft.num_demos"}
