@@ -11,6 +11,10 @@ its doc names. The full-scale figures come from the benchmark beside each claim:
 - the calculator agent (docs/agentic.md): GRPO makes a warm start that mostly answers
   directly call the tool, and the same warm start continued by SFT for longer than the
   GRPO iterations take does not.
+- the VLA on the tabletop (docs/vla.md): PPO raises the recipe's behaviour-cloned
+  start, scored on the same episodes before and after. The docs' control (the clone
+  continued for the recipe's wall time) swings with the seed, so the docs claim, and this
+  test asserts, the gain over the clone only.
 
 Tests that train long enough for XLA's optimisation to pay for itself are `optimized`
 (tests/conftest.py): compiled as users compile, in a child process."""
@@ -139,3 +143,25 @@ def test_grpo_makes_the_agent_rely_on_the_calculator_where_more_sft_does_not(tmp
     assert control["step"] == warm + more
     assert calls[0] == 0.0 and control["agent/tool_calls"] == 0.0, (calls, control)
     assert accuracy[iterations] >= control["accuracy"] + 0.3, (accuracy, control["accuracy"])
+
+
+# ------------------------------------------------------------------ VLA
+
+
+@pytest.mark.slow
+@pytest.mark.optimized
+def test_ppo_raises_the_vla_clones_success_on_the_same_episodes(tmp_path):
+    # docs/vla.md: PPO from the recipe's clone (1,200 cloning steps on 512 demonstrations,
+    # not a start cut short) raises train-split success in both seeds measured. Here 80
+    # iterations of 32 envs (the recipe: 250 of 64) after a 500-step critic warm-up, both
+    # evaluations on the same 1,024 episodes (`runner.eval_episodes=fixed`), where one
+    # evaluation's standard error is about 1.5 points. Measured on the AMD EPYC: 30.5 ->
+    # 37.2% (seed 0); a gain of 3 points is about 1.4 standard errors of the difference of
+    # two independent evaluations, and these two share their episodes.
+    iterations = 80
+    assert main(["--config-name", "ppo_vla_tabletop", *QUIET, "runner.seed=0", "env.num_envs=32",
+                 "sft.critic_warmup_steps=500", f"runner.max_steps={iterations}", f"runner.eval_interval={iterations}",
+                 "runner.eval_episodes=fixed", "env.num_eval_envs=1024", f"runner.output_dir={tmp_path}",
+                 "runner.experiment_name=rl"]) == 0
+    success = evals(tmp_path / "rl", "eval/success/train")
+    assert success[iterations] >= success[0] + 0.03, success
