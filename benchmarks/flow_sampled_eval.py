@@ -13,7 +13,8 @@ policy the same keys at every step.
     python benchmarks/flow_sampled_eval.py CLONE_RUN PPO_RUN --episodes 1024 --seed 777
 
 The last line of stdout is one JSON object: per run its step, greedy and sampled success
-and return, and the standard error of each success.
+and return, and the standard error of each success; for every run after the first, its
+difference from the first on the same episodes (`paired_difference`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,25 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import rlinf_jax as rj
 from rlinf_jax.rollout.env_rollout import env_keys
+
+
+def paired_difference(first, other) -> dict:
+    """``other``'s success minus ``first``'s over the same episodes (0/1 per episode) and the
+    standard error of that difference from the per-episode differences. Two policies
+    played on the same episodes succeed and fail together on most of them, so this error
+    is smaller than that of two independent evaluations (sqrt of the sum of their
+    variances); ``gained`` / ``lost`` count the episodes only ``other`` / only ``first``
+    succeeded in (McNemar's discordant pairs)."""
+    a, b = np.asarray(first, np.float64), np.asarray(other, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError(f"paired_difference needs two equal 1-D vectors of 2+ episodes, got {a.shape} and {b.shape}")
+    d = b - a
+    return {"difference": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(d.size)),
+            "gained": int(np.sum((b > 0) & (a == 0))), "lost": int(np.sum((a > 0) & (b == 0)))}
 
 
 def score(run: str, episodes: int, seed: int) -> dict:
@@ -48,7 +65,7 @@ def score(run: str, episodes: int, seed: int) -> dict:
 
         init = (state, zeros, zeros + 1.0, zeros)
         (_, ret, _, success), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
-        return jnp.mean(ret), jnp.mean(success)
+        return jnp.mean(ret), success
 
     # The same key stream for every run: the sampled policies differ by their weights alone.
     keys = jax.random.PRNGKey(seed + 1)
@@ -57,8 +74,10 @@ def score(run: str, episodes: int, seed: int) -> dict:
     out = {"run": run, "step": policy.step}
     for name, fn in (("greedy", greedy), ("sampled", sampled)):
         start = time.perf_counter()
-        ret, success = (float(x) for x in fn(keys))
-        out[name] = {"success": success, "return": ret,
+        ret, per_episode = fn(keys)
+        ret, per_episode = float(ret), np.asarray(per_episode)
+        success = float(per_episode.mean())
+        out[name] = {"success": success, "return": ret, "per_episode": per_episode,
                      "success_se": math.sqrt(max(success * (1 - success), 0.0) / episodes),
                      "seconds": round(time.perf_counter() - start, 1)}
     return out
@@ -75,8 +94,18 @@ def main() -> None:
         row = score(run, args.episodes, args.seed)
         rows.append(row)
         g, s = row["greedy"], row["sampled"]
-        print(f"{run} (step {row['step']}): greedy {g['success']:.1%} (return {g['return']:.1f}), "
-              f"sampled {s['success']:.1%} (return {s['return']:.1f})", flush=True)
+        line = (f"{run} (step {row['step']}): greedy {g['success']:.1%} (return {g['return']:.1f}), "
+                f"sampled {s['success']:.1%} (return {s['return']:.1f})")
+        if len(rows) > 1:
+            for name in ("greedy", "sampled"):
+                row[name]["vs_first"] = paired_difference(rows[0][name]["per_episode"], row[name]["per_episode"])
+            line += "; against the first run, same episodes: " + ", ".join(
+                f"{name} {row[name]['vs_first']['difference']:+.1%} (se {row[name]['vs_first']['se']:.1%})"
+                for name in ("greedy", "sampled"))
+        print(line, flush=True)
+    for row in rows:
+        for name in ("greedy", "sampled"):
+            del row[name]["per_episode"]
     print(json.dumps({"episodes": args.episodes, "seed": args.seed, "runs": rows}))
 
 
