@@ -47,8 +47,9 @@ def paired_difference(first, other) -> dict:
             "gained": int(np.sum((b > 0) & (a == 0))), "lost": int(np.sum((a > 0) & (b == 0)))}
 
 
-def score(run: str, episodes: int, seed: int) -> dict:
-    """The greedy and the sampled policy of ``run`` over ``episodes`` envs reset by ``seed``."""
+def score(run: str, episodes: int, seed: int) -> tuple[dict, dict]:
+    """The greedy and the sampled policy of ``run`` over ``episodes`` envs reset by ``seed``:
+    the JSON row, and each policy's success per episode (0/1) for `paired_difference`."""
     policy = rj.restore(run, [f"env.num_eval_envs={episodes}"])
     env, steps = policy.eval_env, policy.cfg.env.episode_length
 
@@ -71,16 +72,16 @@ def score(run: str, episodes: int, seed: int) -> dict:
     keys = jax.random.PRNGKey(seed + 1)
     greedy = jax.jit(lambda k: episode(lambda obs, _: policy.act(obs), k))
     sampled = jax.jit(lambda k: episode(lambda obs, k: policy.sample(obs, env_keys(k, episodes, 0)), k))
-    out = {"run": run, "step": policy.step}
+    out, per_episode = {"run": run, "step": policy.step}, {}
     for name, fn in (("greedy", greedy), ("sampled", sampled)):
         start = time.perf_counter()
-        ret, per_episode = fn(keys)
-        ret, per_episode = float(ret), np.asarray(per_episode)
-        success = float(per_episode.mean())
-        out[name] = {"success": success, "return": ret, "per_episode": per_episode,
+        ret, successes = fn(keys)
+        per_episode[name] = np.asarray(successes)
+        success = float(per_episode[name].mean())
+        out[name] = {"success": success, "return": float(ret),
                      "success_se": math.sqrt(max(success * (1 - success), 0.0) / episodes),
                      "seconds": round(time.perf_counter() - start, 1)}
-    return out
+    return out, per_episode
 
 
 def main() -> None:
@@ -89,23 +90,22 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=777)
     args = parser.parse_args()
-    rows = []
+    rows, first = [], None
     for run in args.runs:
-        row = score(run, args.episodes, args.seed)
+        row, per_episode = score(run, args.episodes, args.seed)
         rows.append(row)
         g, s = row["greedy"], row["sampled"]
         line = (f"{run} (step {row['step']}): greedy {g['success']:.1%} (return {g['return']:.1f}), "
                 f"sampled {s['success']:.1%} (return {s['return']:.1f})")
-        if len(rows) > 1:
+        if first is None:
+            first = per_episode
+        else:
             for name in ("greedy", "sampled"):
-                row[name]["vs_first"] = paired_difference(rows[0][name]["per_episode"], row[name]["per_episode"])
+                row[name]["vs_first"] = paired_difference(first[name], per_episode[name])
             line += "; against the first run, same episodes: " + ", ".join(
                 f"{name} {row[name]['vs_first']['difference']:+.1%} (se {row[name]['vs_first']['se']:.1%})"
                 for name in ("greedy", "sampled"))
         print(line, flush=True)
-    for row in rows:
-        for name in ("greedy", "sampled"):
-            del row[name]["per_episode"]
     print(json.dumps({"episodes": args.episodes, "seed": args.seed, "runs": rows}))
 
 
